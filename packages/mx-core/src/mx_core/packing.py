@@ -1,0 +1,73 @@
+"""Bit packing of sub-byte element codes along one dim (other dims are never flattened).
+
+- fp4: two 4-bit codes per byte, the first (lower-index) element in the low nibble;
+  this is the layout of ``torch.float4_e2m1fn_x2`` and of cuBLAS's packed fp4.
+- fp6: four 6-bit codes in three bytes, little-endian: with
+  ``w = c0 | c1 << 6 | c2 << 12 | c3 << 18`` the bytes are ``w & 0xFF``,
+  ``(w >> 8) & 0xFF``, ``(w >> 16) & 0xFF``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["pack_fp4", "unpack_fp4", "pack_fp6", "unpack_fp6", "as_float4_x2"]
+
+
+def _check_codes(codes: torch.Tensor, dim: int, group: int, what: str) -> int:
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"{what}: codes must be a torch.Tensor, got {type(codes).__name__}")
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"{what}: codes must be uint8, got {codes.dtype}")
+    if not -codes.dim() <= dim < codes.dim():
+        raise ValueError(f"{what}: dim={dim} is out of range for a {codes.dim()}-d tensor")
+    d = dim % codes.dim()
+    if codes.shape[d] % group:
+        raise ValueError(f"{what}: size {codes.shape[d]} of dim {d} is not a multiple of {group}")
+    return d
+
+
+def pack_fp4(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Pack uint8 fp4 codes (values 0..15) two per byte along ``dim`` (size halves)."""
+    d = _check_codes(codes, dim, 2, "pack_fp4")
+    pairs = codes.unflatten(d, (codes.shape[d] // 2, 2))
+    low, high = pairs.select(d + 1, 0), pairs.select(d + 1, 1)
+    return torch.bitwise_or(torch.bitwise_and(low, 0xF), torch.bitwise_left_shift(high, 4))
+
+
+def unpack_fp4(packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Inverse of :func:`pack_fp4`: uint8 codes with ``dim`` doubled."""
+    d = _check_codes(packed, dim, 1, "unpack_fp4")
+    low = torch.bitwise_and(packed, 0xF)
+    high = torch.bitwise_right_shift(packed, 4)
+    return torch.stack([low, high], dim=d + 1).flatten(d, d + 1)
+
+
+def pack_fp6(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Pack uint8 fp6 codes (values 0..63) four in three bytes along ``dim`` (size * 3/4)."""
+    d = _check_codes(codes, dim, 4, "pack_fp6")
+    c = codes.unflatten(d, (codes.shape[d] // 4, 4)).to(torch.int32)
+    c = torch.bitwise_and(c, 0x3F)
+    w = c.select(d + 1, 0)
+    for i in (1, 2, 3):
+        w = torch.bitwise_or(w, torch.bitwise_left_shift(c.select(d + 1, i), 6 * i))
+    parts = [torch.bitwise_and(torch.bitwise_right_shift(w, 8 * i), 0xFF) for i in range(3)]
+    return torch.stack(parts, dim=d + 1).flatten(d, d + 1).to(torch.uint8)
+
+
+def unpack_fp6(packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Inverse of :func:`pack_fp6`: uint8 codes with ``dim`` * 4/3."""
+    d = _check_codes(packed, dim, 3, "unpack_fp6")
+    b = packed.unflatten(d, (packed.shape[d] // 3, 3)).to(torch.int32)
+    w = b.select(d + 1, 0)
+    for i in (1, 2):
+        w = torch.bitwise_or(w, torch.bitwise_left_shift(b.select(d + 1, i), 8 * i))
+    codes = [torch.bitwise_and(torch.bitwise_right_shift(w, 6 * i), 0x3F) for i in range(4)]
+    return torch.stack(codes, dim=d + 1).flatten(d, d + 1).to(torch.uint8)
+
+
+def as_float4_x2(packed: torch.Tensor) -> torch.Tensor:
+    """View packed fp4 bytes as ``torch.float4_e2m1fn_x2`` (same bytes, no copy)."""
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"as_float4_x2: packed must be uint8, got {packed.dtype}")
+    return packed.view(torch.float4_e2m1fn_x2)

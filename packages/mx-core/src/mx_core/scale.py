@@ -1,0 +1,138 @@
+"""E8M0 shared-scale math: the power-of-two exponent ``e`` of a block from its amax.
+
+A block's elements are stored as ``round(x / 2^e)`` and decoded as ``q * 2^e``. E8M0
+stores ``e + 127`` in one byte: byte 0 is 2^-127, byte 254 is 2^127, byte 255 is NaN
+(there is no zero). With ``amax = |max| of the block`` and the element format's
+``emax`` and ``max_normal`` (see :mod:`mx_core.formats`):
+
+=======  ==============================================================  ===============
+mode     e                                                               used by
+=======  ==============================================================  ===============
+floor    floor(log2(amax)) - emax                                        OCP MX v1.0
+ceil     ceil(log2(amax)) - emax                                         (no overflow)
+even     floor(log2(amax rounded to mbits mantissa bits)) - emax         torchao EVEN
+rceil    ceil(log2(amax / max_normal)), i.e. amax/max_normal rounded     NVIDIA cuBLAS, TE
+         up to a power of two (PTX ``cvt.rp.satfinite.ue8m0x2.f32``)
+=======  ==============================================================  ===============
+
+Every mode clamps ``e`` to [-127, 127]. A zero block (amax 0) gets byte 0; a block with
+NaN or +-Inf gets byte 255. Values that land above ``max_normal`` after scaling
+(floor and even modes) saturate.
+
+All four are computed exactly from the fp32 bit pattern of amax with integer
+arithmetic, which is how the Triton kernels compute them too: with ``E`` the biased
+exponent field and ``F`` the 23-bit fraction field of fp32(amax),
+
+- floor: ``E - 127 - emax``
+- ceil:  ``E - 127 - emax + (F != 0)``
+- even:  ``E' - 127 - emax`` where ``E'`` is the exponent field after adding half an
+  ulp of an ``mbits`` mantissa to the bits (a carry means rounding reached the next
+  power of two; ties carry under round-half-even too, since the kept bits are all ones)
+- rceil: ``E - 127 - emax + (F > F_max)`` where ``F_max`` is max_normal's fraction field
+
+fp32 subnormal amax (E = 0) always lands on the clamp, -127, in every mode.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from mx_core.formats import ElementFormat, get_format
+
+__all__ = [
+    "E8M0_BIAS",
+    "E8M0_NAN",
+    "ScaleMode",
+    "get_scale_mode",
+    "scale_exponent",
+    "exponent_to_e8m0",
+    "e8m0_to_exponent",
+    "e8m0_to_float",
+]
+
+E8M0_BIAS = 127
+"""Bias of the E8M0 scale byte: byte = e + 127."""
+E8M0_NAN = 255
+"""The E8M0 NaN byte, written for blocks holding NaN or +-Inf."""
+_E_MIN, _E_MAX = -127, 127
+
+
+class ScaleMode(str, enum.Enum):
+    """How a block's E8M0 exponent is derived from its amax (formulas in the module doc)."""
+
+    FLOOR = "floor"
+    CEIL = "ceil"
+    EVEN = "even"
+    RCEIL = "rceil"
+
+
+def get_scale_mode(mode: str | ScaleMode, *, arg: str = "scale_mode") -> ScaleMode:
+    """Parse a scale mode by name.
+
+    Raises:
+        ValueError: unknown name; the message names ``arg`` and the allowed names.
+    """
+    if isinstance(mode, ScaleMode):
+        return mode
+    try:
+        return ScaleMode(mode)
+    except ValueError:
+        allowed = ", ".join(m.value for m in ScaleMode)
+        raise ValueError(f"{arg}={mode!r} is not a scale mode; allowed: {allowed}") from None
+
+
+def scale_exponent(
+    amax: torch.Tensor, fmt: str | ElementFormat, scale_mode: str | ScaleMode
+) -> torch.Tensor:
+    """Unbiased E8M0 exponent ``e`` (int32, clamped to [-127, 127]) of each block amax.
+
+    Args:
+        amax: per-block max magnitude, any shape, float dtype (values >= 0). Non-finite
+            entries give an unspecified exponent: callers mark those blocks NaN.
+        fmt: element format.
+        scale_mode: one of :class:`ScaleMode`.
+    Returns:
+        int32 tensor of amax's shape.
+    """
+    f = get_format(fmt)
+    mode = get_scale_mode(scale_mode)
+    bits = amax.to(torch.float32).view(torch.int32)
+    fraction = torch.bitwise_and(bits, 0x7FFFFF)
+    if mode is ScaleMode.EVEN:
+        bits = bits + (1 << (23 - f.mbits - 1))
+    biased = torch.bitwise_and(torch.bitwise_right_shift(bits, 23), 0xFF)
+    e = biased - (E8M0_BIAS + f.emax)
+    if mode is ScaleMode.CEIL:
+        e = e + (fraction != 0).to(torch.int32)
+    elif mode is ScaleMode.RCEIL:
+        e = e + (fraction > f.max_normal_mantissa_bits).to(torch.int32)
+    return e.clamp(_E_MIN, _E_MAX).to(torch.int32)
+
+
+def exponent_to_e8m0(e: torch.Tensor, nan_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """E8M0 scale tensor (``torch.float8_e8m0fnu``) from unbiased exponents in [-127, 127].
+
+    ``nan_mask`` (bool, broadcastable) marks blocks whose scale is NaN (byte 255).
+    """
+    byte = (e + E8M0_BIAS).to(torch.uint8)
+    if nan_mask is not None:
+        byte = torch.where(nan_mask, torch.full_like(byte, E8M0_NAN), byte)
+    return byte.view(torch.float8_e8m0fnu)
+
+
+def e8m0_to_exponent(scale: torch.Tensor) -> torch.Tensor:
+    """Unbiased exponent (int32) of each E8M0 byte; NaN bytes give 128."""
+    return scale.view(torch.uint8).to(torch.int32) - E8M0_BIAS
+
+
+def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
+    """fp32 value 2^e of each E8M0 byte (byte 0 is the fp32 subnormal 2^-127; 255 is NaN)."""
+    byte = scale.view(torch.uint8).to(torch.int32)
+    # 2^(byte-127) built from fp32 bits: normal for byte >= 1, 2^-127 = bit 22 for byte 0.
+    bits = torch.where(
+        byte == 0, torch.full_like(byte, 1 << 22), torch.bitwise_left_shift(byte, 23)
+    )
+    bits = torch.where(byte == E8M0_NAN, torch.full_like(byte, 0x7FC00000), bits)
+    return bits.view(torch.float32)

@@ -1,0 +1,298 @@
+"""The MX semantics table: hand-derived cases that every cast implementation must meet.
+
+Each case is one 32-element block whose element 0 holds the block's largest magnitude
+(``value``); the other elements are ``value * c_k`` with fixed ``|c_k| < 1`` (or fixed
+finite fillers for non-finite and zero values). Expected are the unbiased E8M0 exponent
+(``None`` for the NaN byte 255) and the decoded element code of element 0 (the qdata
+value before scaling). Expectations were worked out by hand from the formulas in
+:mod:`mx_core.scale`; the arithmetic is in each case's ``why``.
+
+Kernel packages test bit-exactness against :func:`mx_core.quantize` on
+:func:`semantic_inputs` and check these expectations through it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mx_core.scale import ScaleMode
+
+__all__ = [
+    "SEMANTIC_CASES",
+    "SemanticCase",
+    "oracle_quantize",
+    "semantic_block",
+    "semantic_inputs",
+    "sqnr_db",
+]
+
+BLOCK = 32
+_NAN, _INF = float("nan"), float("inf")
+_FP32_MAX = 3.4028234663852886e38
+_BF16_MAX = 3.3895313892515355e38
+_FP16_MAX = 65504.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SemanticCase:
+    """One block and what each scale mode must make of it."""
+
+    fmt: str
+    """Element format."""
+    value: float
+    """Element 0, the block's amax carrier."""
+    dtype: torch.dtype
+    """Input dtype (``value`` is exact in it)."""
+    expected: dict[ScaleMode, tuple[int | None, float]]
+    """Per mode: (unbiased exponent or None for NaN, decoded code of element 0)."""
+    why: str = ""
+    """The hand arithmetic."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.fmt}-{self.value!r}-{str(self.dtype).removeprefix('torch.')}"
+
+
+def _all(e: int | None, elem: float) -> dict[ScaleMode, tuple[int | None, float]]:
+    return {m: (e, elem) for m in ScaleMode}
+
+
+def _modes(floor, ceil, even, rceil) -> dict[ScaleMode, tuple[int | None, float]]:
+    return {
+        ScaleMode.FLOOR: floor,
+        ScaleMode.CEIL: ceil,
+        ScaleMode.EVEN: even,
+        ScaleMode.RCEIL: rceil,
+    }
+
+
+def _case(fmt, value, expected, why="", dtype=torch.float32) -> SemanticCase:
+    return SemanticCase(fmt=fmt, value=value, dtype=dtype, expected=expected, why=why)
+
+
+_E4 = "fp8_e4m3"
+_CASES = [
+    # fp8_e4m3: emax 8, max 448 = 1.75 * 2^8; [128, 256) spacing 16, [256, 448] spacing 32.
+    _case(_E4, 448.0, _modes((0, 448.0), (1, 224.0), (0, 448.0), (0, 448.0)), "exactly max"),
+    _case(
+        _E4,
+        449.0,
+        _modes((0, 448.0), (1, 224.0), (0, 448.0), (1, 224.0)),
+        "floor saturates 449; rceil 449/448 > 1 -> e=1, 224.5 -> 224",
+    ),
+    _case(
+        _E4,
+        464.0,
+        _modes((0, 448.0), (1, 224.0), (0, 448.0), (1, 224.0)),
+        "464=1.1101b*2^8: even keeps 1.110 (tie to even); 232 ties to 224",
+    ),
+    _case(
+        _E4,
+        480.0,
+        _modes((0, 448.0), (1, 240.0), (0, 448.0), (1, 240.0)),
+        "480=1.111b*2^8 fits 3 bits (no carry) but saturates at e=0",
+    ),
+    _case(
+        _E4,
+        496.0,
+        _modes((0, 448.0), (1, 256.0), (1, 256.0), (1, 256.0)),
+        "496=1.1111b*2^8: even rounds up with carry -> e=1; 248 ties to 256",
+    ),
+    _case(_E4, -449.0, _modes((0, -448.0), (1, -224.0), (0, -448.0), (1, -224.0)), "sign"),
+    _case(_E4, 1.0, _all(-8, 256.0), "1 = 2^0 -> e = 0 - 8 in every mode"),
+    _case(
+        _E4,
+        1.8,
+        _modes((-8, 448.0), (-7, 224.0), (-8, 448.0), (-7, 224.0)),
+        "mantissa 1.8 > 1.75: rceil/ceil e=-7, 230.4 -> 224; floor 460.8 saturates",
+    ),
+    _case(_E4, 2.0**-120, _all(-127, 128.0), "e=-128 clamps to -127 (byte 0): 2^-120*2^127"),
+    _case(_E4, 2.0**-140, _all(-127, 0.0), "fp32 subnormal: byte 0, 2^-13 rounds to 0"),
+    _case(_E4, 0.0, _all(-127, 0.0), "zero block: byte 0, data 0"),
+    _case(_E4, _NAN, _all(None, _NAN), "NaN block: byte 255, data NaN"),
+    _case(_E4, _INF, _all(None, _NAN), "+Inf block: byte 255, data NaN"),
+    _case(_E4, -_INF, _all(None, _NAN), "-Inf block: byte 255, data NaN"),
+    _case(
+        _E4,
+        _FP32_MAX,
+        _modes((119, 448.0), (120, 256.0), (120, 256.0), (120, 256.0)),
+        "(2-2^-23)*2^127: floor 511.99 saturates; others e=120, 255.99 -> 256",
+    ),
+    _case(
+        _E4,
+        _BF16_MAX,
+        _modes((119, 448.0), (120, 256.0), (120, 256.0), (120, 256.0)),
+        "(2-2^-7)*2^127: floor 510 saturates; others 255 -> 256",
+        torch.bfloat16,
+    ),
+    _case(
+        _E4,
+        _FP16_MAX,
+        _modes((7, 448.0), (8, 256.0), (8, 256.0), (8, 256.0)),
+        "65504=(2-2^-10)*2^15: floor e=7 saturates; others 255.875 -> 256",
+        torch.float16,
+    ),
+    # fp8_e5m2: emax 15, max 57344 = 1.75 * 2^15; [16384, 32768) spacing 4096.
+    _case(
+        "fp8_e5m2",
+        57344.0,
+        _modes((0, 57344.0), (1, 28672.0), (0, 57344.0), (0, 57344.0)),
+        "exactly max",
+    ),
+    _case(
+        "fp8_e5m2",
+        61440.0,
+        _modes((0, 57344.0), (1, 32768.0), (1, 32768.0), (1, 32768.0)),
+        "1.111b*2^15: even carries; 30720 ties to 32768",
+    ),
+    _case("fp8_e5m2", _INF, _all(None, _NAN), "Inf block"),
+    # fp6_e2m3: emax 2, max 7.5 = 1.875 * 4; [2, 4) spacing 0.25.
+    _case("fp6_e2m3", 7.5, _modes((0, 7.5), (1, 3.75), (0, 7.5), (0, 7.5)), "exactly max"),
+    _case(
+        "fp6_e2m3",
+        7.75,
+        _modes((0, 7.5), (1, 4.0), (1, 4.0), (1, 4.0)),
+        "1.1111b*4: even carries; 3.875 ties to 4",
+    ),
+    _case("fp6_e2m3", _NAN, _all(None, 0.0), "NaN block: byte 255, codes 0 (no NaN code)"),
+    # fp6_e3m2: emax 4, max 28 = 1.75 * 16; [8, 16) spacing 2.
+    _case("fp6_e3m2", 28.0, _modes((0, 28.0), (1, 14.0), (0, 28.0), (0, 28.0)), "exactly max"),
+    _case(
+        "fp6_e3m2",
+        30.0,
+        _modes((0, 28.0), (1, 16.0), (1, 16.0), (1, 16.0)),
+        "1.111b*16: even carries; 15 ties to 16",
+    ),
+    # fp4_e2m1: emax 2, max 6 = 1.5 * 4; grid 0, .5, 1, 1.5, 2, 3, 4, 6.
+    _case("fp4_e2m1", 6.0, _modes((0, 6.0), (1, 3.0), (0, 6.0), (0, 6.0)), "exactly max"),
+    _case(
+        "fp4_e2m1",
+        6.5,
+        _modes((0, 6.0), (1, 3.0), (0, 6.0), (1, 3.0)),
+        "1.101b*4: even keeps 1.1; 3.25 -> 3",
+    ),
+    _case(
+        "fp4_e2m1",
+        7.0,
+        _modes((0, 6.0), (1, 4.0), (1, 4.0), (1, 4.0)),
+        "1.11b*4: even ties up with carry; 3.5 ties to 4",
+    ),
+    _case("fp4_e2m1", 7.5, _modes((0, 6.0), (1, 4.0), (1, 4.0), (1, 4.0)), "3.75 -> 4"),
+    _case("fp4_e2m1", 8.0, _all(1, 4.0), "2^3: e = 3 - 2 in every mode"),
+    _case("fp4_e2m1", -_INF, _all(None, 0.0), "-Inf block: byte 255, codes 0"),
+]
+
+
+def _exact_in(value: float, dtype: torch.dtype) -> bool:
+    if math.isnan(value) or math.isinf(value):
+        return True
+    return torch.tensor(value, dtype=torch.float64).to(dtype).item() == value
+
+
+def _with_other_dtypes(cases: list[SemanticCase]) -> list[SemanticCase]:
+    """Repeat each fp32 case in bf16 and fp16 where its value is exact there."""
+    out = list(cases)
+    for c in cases:
+        if c.dtype != torch.float32:
+            continue
+        for dtype in (torch.bfloat16, torch.float16):
+            if _exact_in(c.value, dtype):
+                out.append(
+                    SemanticCase(
+                        fmt=c.fmt, value=c.value, dtype=dtype, expected=c.expected, why=c.why
+                    )
+                )
+    return out
+
+
+SEMANTIC_CASES: tuple[SemanticCase, ...] = tuple(_with_other_dtypes(_CASES))
+"""Every case, in fp32 and, where the value is exact, also in bf16 and fp16."""
+
+
+def semantic_block(case: SemanticCase) -> torch.Tensor:
+    """The case's input block, shape [32], dtype ``case.dtype``."""
+    c = torch.tensor([((k * 7) % 31 - 15) / 16 for k in range(1, BLOCK)], dtype=torch.float64)
+    v = case.value
+    if v == 0:
+        rest = torch.zeros(BLOCK - 1, dtype=torch.float64)
+    elif math.isfinite(v):
+        rest = c * v
+    else:
+        rest = c
+    block = torch.cat([torch.tensor([v], dtype=torch.float64), rest])
+    return block.to(case.dtype)
+
+
+def semantic_inputs(fmt: str, dtype: torch.dtype) -> torch.Tensor:
+    """All of ``fmt``'s cases in ``dtype`` stacked as rows: shape [n_cases, 32]."""
+    rows = [semantic_block(c) for c in SEMANTIC_CASES if c.fmt == fmt and c.dtype == dtype]
+    if not rows:
+        return torch.empty(0, BLOCK, dtype=dtype)
+    return torch.stack(rows)
+
+
+def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB: 20 log10(||ref|| / ||ref - approx||)."""
+    ref = reference.double()
+    noise = (ref - approx.double()).norm()
+    if noise == 0:
+        return math.inf
+    return (20 * torch.log10(ref.norm() / noise)).item()
+
+
+# An independent oracle: numpy float64 arithmetic for the scale, ml_dtypes for element
+# rounding. It shares no code with mx_core.quantize (only the format names).
+_ORACLE_FORMATS = {  # name: (emax, mbits, max_normal, ml_dtypes name)
+    "fp8_e4m3": (8, 3, 448.0, "float8_e4m3fn"),
+    "fp8_e5m2": (15, 2, 57344.0, "float8_e5m2"),
+    "fp6_e2m3": (2, 3, 7.5, "float6_e2m3fn"),
+    "fp6_e3m2": (4, 2, 28.0, "float6_e3m2fn"),
+    "fp4_e2m1": (2, 1, 6.0, "float4_e2m1fn"),
+}
+
+
+def oracle_quantize(x: torch.Tensor, fmt: str, block_size: int, dim: int, scale_mode: str):
+    """Reference of the reference: returns (codes, scale_bytes) as numpy uint8 arrays.
+
+    ``codes`` has x's shape (one code per element, fp4 unpacked); ``scale_bytes`` has
+    x's shape with ``dim`` divided by ``block_size``. Needs numpy and ml_dtypes.
+    """
+    import ml_dtypes
+    import numpy as np
+
+    emax, mbits, max_normal, dtype_name = _ORACLE_FORMATS[fmt]
+    a = np.moveaxis(x.detach().cpu().double().numpy(), dim, -1)
+    lead = a.shape[:-1]
+    blocks = a.reshape(*lead, a.shape[-1] // block_size, block_size)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        amax = np.abs(blocks).max(axis=-1)
+        finite = np.isfinite(amax)
+        safe = np.where(finite & (amax > 0), amax, 1.0)
+        if scale_mode == "floor":
+            e = np.floor(np.log2(safe)) - emax
+        elif scale_mode == "ceil":
+            e = np.ceil(np.log2(safe)) - emax
+        elif scale_mode == "rceil":
+            e = np.ceil(np.log2(safe / max_normal))
+        elif scale_mode == "even":
+            m, ex = np.frexp(safe)  # safe = m * 2^ex, m in [0.5, 1)
+            steps = 2.0 ** (mbits + 1)
+            carry = np.round(m * steps) == steps  # np.round: ties to even
+            e = ex - 1 + carry - emax
+        else:
+            raise ValueError(scale_mode)
+        e = np.where(amax > 0, e, -127)
+        e = np.clip(np.where(finite, e, 0), -127, 127)
+        scaled = blocks / np.exp2(e)[..., None]
+        scaled = np.clip(np.where(finite[..., None], scaled, 0.0), -max_normal, max_normal)
+    elem_dtype = getattr(ml_dtypes, dtype_name)
+    codes = scaled.astype(np.float32).astype(elem_dtype).view(np.uint8)
+    fill = 0x7F if fmt.startswith("fp8") else 0
+    codes = np.where(finite[..., None], codes, np.uint8(fill)).astype(np.uint8)
+    scale_bytes = np.where(finite, e + 127, 255).astype(np.uint8)
+    codes = np.moveaxis(codes.reshape(a.shape), -1, dim)
+    scale_bytes = np.moveaxis(scale_bytes, -1, dim)
+    return codes, scale_bytes

@@ -1,0 +1,17 @@
+"""mx-kernels: MX casts, scale swizzle and scaled matmul as ``torch.library`` ops (``mx::``).
+
+Triton kernels on CUDA (and on CPU under ``TRITON_INTERPRET=1``), mx-core's reference
+elsewhere; the choice is logged once per op on the ``mx_kernels`` logger.
+"""
+
+from mx_kernels.backend import BACKENDS
+from mx_kernels.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "swizzle_scales",
+    "swizzled_shape",
+    "unswizzle_scales",
+]

@@ -1,0 +1,78 @@
+"""Kernel backend choice: every op says which implementation ran, and never falls back
+silently.
+
+``"auto"`` picks Triton for CUDA tensors and the pure-PyTorch reference elsewhere;
+``"triton"`` forces Triton, which on CPU tensors needs ``TRITON_INTERPRET=1`` (how CI
+tests the kernels); ``"reference"`` forces mx-core's reference. Each (op, backend,
+device type) choice is logged once at INFO on the ``mx_kernels`` logger.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+
+__all__ = ["BACKENDS", "resolve_backend", "triton_available", "interpreter_enabled"]
+
+logger = logging.getLogger("mx_kernels")
+
+BACKENDS: tuple[str, ...] = ("auto", "triton", "reference")
+"""Backends of the cast ops (the matmul has its own list)."""
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton runs kernels on CPU tensors (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether ``import triton`` works (checked once, lazily: never at import time)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _log_once(op: str, backend: str, device_type: str, why: str) -> None:
+    key = (op, backend, device_type)
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        logger.info("mx_kernels.%s: %s backend on %s (%s)", op, backend, device_type, why)
+
+
+_LOGGED: set[tuple[str, str, str]] = set()
+
+
+def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKENDS) -> str:
+    """The concrete backend ``op`` runs for ``backend`` on ``device``.
+
+    Raises:
+        ValueError: ``backend`` is not in ``allowed``.
+        RuntimeError: Triton was asked for (or is the auto choice on CUDA) but cannot run:
+            triton is not installed, or the tensor is on CPU without ``TRITON_INTERPRET=1``.
+    """
+    if backend not in allowed:
+        raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(allowed)}")
+    if backend == "reference":
+        _log_once(op, "reference", device.type, "requested")
+        return "reference"
+    if backend == "auto" and device.type != "cuda":
+        _log_once(op, "reference", device.type, "auto: not a CUDA tensor")
+        return "reference"
+    if not triton_available():
+        raise RuntimeError(
+            f"{op}: the Triton backend is needed for {device.type} tensors "
+            f"(backend={backend!r}) but triton is not installed; pass backend='reference'"
+        )
+    if device.type != "cuda" and not interpreter_enabled():
+        raise RuntimeError(
+            f"{op}: backend='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 "
+            "(Triton's interpreter); use a CUDA tensor or backend='reference'"
+        )
+    _log_once(op, "triton", device.type, backend)
+    return "triton"

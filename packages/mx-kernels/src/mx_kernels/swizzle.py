@@ -1,0 +1,68 @@
+"""E8M0 scale swizzle: the "blocked" (32_4_4) layout that cuBLAS block-scaled GEMMs read.
+
+The scale matrix ``[R, C]`` (``R`` rows of the operand, ``C = K // 32``) is padded with
+zeros to ``R % 128 == 0`` and ``C % 4 == 0``, cut into 128x4 tiles taken in row-major
+tile order, and each tile is stored as 32x16 (512 contiguous bytes)::
+
+    tile[r, c] with r = 32 * r0 + r1 (r0 < 4, r1 < 32), c < 4
+      -> stored[r1, 4 * r0 + c]
+
+Spec: cuBLAS docs, "1D Block Scaling Factors Layout"
+(https://docs.nvidia.com/cuda/cublas/#d-block-scaling-factors-layout).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["swizzle_scales", "unswizzle_scales", "swizzled_shape"]
+
+
+def _ceil_to(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def swizzled_shape(rows: int, cols: int) -> tuple[int, int]:
+    """Shape ``[ceil128(rows), ceil4(cols)]`` of the swizzled (padded) scale matrix."""
+    return _ceil_to(rows, 128), _ceil_to(cols, 4)
+
+
+def _check_scale(scale: torch.Tensor, name: str, *, two_d: bool = True) -> None:
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(scale).__name__}")
+    if scale.dtype not in (torch.float8_e8m0fnu, torch.uint8):
+        raise TypeError(f"{name} must be float8_e8m0fnu (or its uint8 bytes), got {scale.dtype}")
+    if two_d and scale.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [rows, K // 32], got shape {tuple(scale.shape)}")
+
+
+def swizzle_scales(scale: torch.Tensor) -> torch.Tensor:
+    """Swizzle a 2-D scale matrix ``[R, C]`` into the blocked layout.
+
+    Returns a contiguous tensor of shape :func:`swizzled_shape` (R, C) and the input's
+    dtype, whose memory order is the blocked layout (read it flat).
+    """
+    _check_scale(scale, "scale")
+    rows, cols = scale.shape
+    rp, cp = swizzled_shape(rows, cols)
+    padded = scale.view(torch.uint8).new_zeros(rp, cp)
+    padded[:rows, :cols] = scale.view(torch.uint8)
+    tiles = padded.view(rp // 128, 4, 32, cp // 4, 4).permute(0, 3, 2, 1, 4)
+    return tiles.reshape(rp, cp).view(scale.dtype)
+
+
+def unswizzle_scales(swizzled: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Inverse of :func:`swizzle_scales`: the ``[R, C]`` = ``shape`` scale matrix.
+
+    ``swizzled`` may be flat or of any shape: only its memory order matters.
+    """
+    _check_scale(swizzled, "swizzled", two_d=False)
+    rows, cols = shape
+    rp, cp = swizzled_shape(rows, cols)
+    if swizzled.numel() != rp * cp:
+        raise ValueError(
+            f"swizzled has {swizzled.numel()} elements; shape {tuple(shape)} needs {rp * cp}"
+        )
+    tiles = swizzled.reshape(rp // 128, cp // 4, 32, 4, 4).view(torch.uint8)
+    padded = tiles.permute(0, 3, 2, 1, 4).reshape(rp, cp)
+    return padded[:rows, :cols].contiguous().view(swizzled.dtype)

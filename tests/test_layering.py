@@ -1,0 +1,86 @@
+"""Conventions across packages: imports flow down, importing has no side effects, the
+public API is documented, README examples run."""
+
+import ast
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ORDER = ["mx_core", "mx_kernels", "mx_dtensor", "mx_nn"]
+PACKAGE_DIRS = {m: ROOT / "packages" / m.replace("_", "-") for m in ORDER}
+# Third-party imports each package may use at module level (torch everywhere). Test-only
+# helpers (mx_core.testing) import numpy and ml_dtypes inside functions.
+THIRD_PARTY = {"mx_core": set(), "mx_kernels": {"triton"}, "mx_dtensor": set(), "mx_nn": set()}
+
+
+def _top_level_imports(path: pathlib.Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("module", ORDER)
+def test_imports_flow_down(module):
+    allowed = set(ORDER[: ORDER.index(module) + 1]) | THIRD_PARTY[module] | {"torch"}
+    for path in (PACKAGE_DIRS[module] / "src" / module).rglob("*.py"):
+        third = {n for n in _top_level_imports(path) if n not in sys.stdlib_module_names}
+        if path.name == "testing.py":
+            third -= {"numpy", "ml_dtypes"}
+        assert third <= allowed, f"{path.relative_to(ROOT)} imports {sorted(third - allowed)}"
+
+
+def test_importing_touches_no_gpu():
+    code = (
+        "import torch, mx_core, mx_kernels, mx_dtensor, mx_nn\n"
+        "assert not torch.cuda.is_initialized(), 'CUDA initialized at import'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("module", ORDER)
+def test_public_api_is_listed_and_documented(module):
+    mod = __import__(module)
+    assert mod.__doc__
+    for name in mod.__all__:
+        obj = getattr(mod, name)
+        if callable(obj) and not name.isupper():
+            assert obj.__doc__, f"{module}.{name} has no docstring"
+
+
+def _python_blocks(path: pathlib.Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+READMES = [ROOT / "README.md", *sorted((ROOT / "packages").glob("*/README.md"))]
+
+
+@pytest.mark.parametrize("readme", READMES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_readme_examples_run(readme):
+    for block in _python_blocks(readme):
+        exec(compile(block, str(readme), "exec"), {})
+
+
+def test_readme_opens_with_the_two_commands_ci_uses():
+    text = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    assert "tools/setup.sh" in commands[0]
+    assert commands[1].strip().splitlines()[-1] == "bash tools/test-all.sh"
+    assert "bash tools/test-all.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_numerics_report_runs():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools/numerics_report.py"), "--rows", "32", "--cols", "256"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "semantics table: 320/320 cases as specified" in out
