@@ -5,12 +5,16 @@ elsewhere; the choice is logged once per op on the ``mx_kernels`` logger.
 """
 
 from mx_kernels.backend import BACKENDS
+from mx_kernels.cast import quantize_both, quantize_colwise, quantize_rowwise
 from mx_kernels.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
+    "quantize_both",
+    "quantize_colwise",
+    "quantize_rowwise",
     "swizzle_scales",
     "swizzled_shape",
     "unswizzle_scales",

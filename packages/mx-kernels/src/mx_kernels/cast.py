@@ -1,0 +1,282 @@
+"""MX casts as ``torch.library`` ops: rowwise, columnwise, and both from one read.
+
+=====================  ===============================  ==========================
+function               op                               blocks along
+=====================  ===============================  ==========================
+``quantize_rowwise``   ``mx::quantize_rowwise``         the last dim, any rank
+``quantize_colwise``   ``mx::quantize_colwise``         dim 0 of a 2-D x [M, K];
+                                                        written as the row-major
+                                                        cast of x^T: [K, M]
+``quantize_both``      ``mx::quantize_both``            both of the above
+=====================  ===============================  ==========================
+
+All three are bit-identical to :func:`mx_core.quantize`. Triton runs fp8_e4m3 and
+fp8_e5m2 in every scale mode for power-of-two block sizes up to 128; other formats and
+block sizes run mx-core's reference on the same device (``backend="auto"`` logs that
+choice once; ``backend="triton"`` raises instead).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+import mx_core
+from mx_core import ElementFormat, get_format, get_scale_mode
+from mx_kernels.backend import BACKENDS, interpreter_enabled, resolve_backend
+
+__all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
+
+logger = logging.getLogger("mx_kernels")
+_TRITON_FORMATS = ("fp8_e4m3", "fp8_e5m2")
+_TRITON_BLOCK_SIZES = (2, 4, 8, 16, 32, 64, 128)
+_LOGGED: set[tuple[str, str, int]] = set()
+
+
+def _triton_gap(fmt: ElementFormat, block_size: int) -> str | None:
+    if fmt.name not in _TRITON_FORMATS:
+        return f"fmt={fmt.name!r} has no Triton cast (Triton: {', '.join(_TRITON_FORMATS)})"
+    if block_size not in _TRITON_BLOCK_SIZES:
+        return f"block_size={block_size} has no Triton cast (Triton: {_TRITON_BLOCK_SIZES})"
+    return None
+
+
+def _choose(op: str, backend: str, x: torch.Tensor, fmt: ElementFormat, block_size: int) -> str:
+    impl = resolve_backend(op, backend, x.device)
+    gap = _triton_gap(fmt, block_size) if impl == "triton" else None
+    if gap is None:
+        return impl
+    if backend == "triton":
+        raise ValueError(f"{op}: backend='triton' cannot run this cast: {gap}")
+    if (op, fmt.name, block_size) not in _LOGGED:
+        _LOGGED.add((op, fmt.name, block_size))
+        logger.info("mx_kernels.%s: reference backend on %s (%s)", op, x.device.type, gap)
+    return "reference"
+
+
+# (BLOCK_M, BLOCK_K, num_warps) per cast kind: the best of tools/bench/casts.py --sweep
+# on the H200 at the benchmark shapes (BENCHMARKS.md). Tiles grow to hold one MX block.
+TILE_CONFIGS: dict[str, tuple[int, int, int]] = {
+    "rowwise": (32, 256, 4),
+    "colwise": (64, 128, 4),
+    "both": (32, 128, 4),
+}
+_INTERPRETER_TILE = (32, 64, 4)  # small: the interpreter's cost grows with tile size
+
+
+def _tile(kind: str, block_size: int, tile: tuple[int, int, int] | None) -> tuple[int, int, int]:
+    block_m, block_k, warps = tile or (
+        _INTERPRETER_TILE if interpreter_enabled() else TILE_CONFIGS[kind]
+    )
+    return max(block_m, block_size if kind != "rowwise" else 1), max(block_k, block_size), warps
+
+
+def _launch(
+    x2d,
+    fmt: ElementFormat,
+    block_size: int,
+    scale_mode: str,
+    q_row,
+    s_row,
+    q_col,
+    s_col,
+    tile: tuple[int, int, int] | None = None,
+    hw_round: bool | None = None,
+) -> None:
+    """Run the Triton cast on a 2-D x; None outputs are skipped.
+
+    ``tile`` overrides the (BLOCK_M, BLOCK_K, num_warps) choice and ``hw_round`` the
+    rounding path (default: the GPU's fp8 conversion on CUDA, fp32 arithmetic in the
+    interpreter); benchmarks sweep both. Both paths are bit-exact where they run.
+    """
+    import triton
+
+    from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_cast_kernel
+
+    m, k = x2d.shape
+    rowwise, colwise = q_row is not None, q_col is not None
+    kind = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
+    block_m, block_k, warps = _tile(kind, block_size, tile)
+    dummy = torch.empty(0, dtype=torch.uint8, device=x2d.device)
+
+    def u8(t):
+        return dummy if t is None else t.view(torch.uint8)
+
+    grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
+    mx_cast_kernel[grid](
+        x2d,
+        u8(q_row),
+        u8(s_row),
+        u8(q_col),
+        u8(s_col),
+        m,
+        k,
+        x2d.stride(0),
+        x2d.stride(1),
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        BS=block_size,
+        FMT=FMT_IDS[fmt.name],
+        MODE=MODE_IDS[scale_mode],
+        EMAX=fmt.emax,
+        MBITS=fmt.mbits,
+        MAX_NORMAL=fmt.max_normal,
+        MAX_FRAC=fmt.max_normal_mantissa_bits,
+        EMIN=fmt.emin,
+        HW_ROUND=(x2d.device.type == "cuda") if hw_round is None else hw_round,
+        ROWWISE=rowwise,
+        COLWISE=colwise,
+        num_warps=warps,
+    )
+
+
+def _empty_cast(
+    shape, fmt: ElementFormat, block_size: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (qdata, scale) of a rowwise cast of a tensor of ``shape``."""
+    *lead, k = shape
+    qk = k // 2 if fmt.is_packed else k
+    qdata = torch.empty(*lead, qk, dtype=fmt.storage_dtype, device=device)
+    scale = torch.empty(*lead, k // block_size, dtype=torch.float8_e8m0fnu, device=device)
+    return qdata, scale
+
+
+def _reference(x, fmt, block_size, scale_mode):
+    t = mx_core.quantize(x, fmt, block_size=block_size, dim=-1, scale_mode=scale_mode)
+    return t.qdata, t.scale
+
+
+@torch.library.custom_op("mx::quantize_rowwise", mutates_args=())
+def _quantize_rowwise_op(
+    x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    f = get_format(fmt)
+    if _choose("quantize_rowwise", backend, x, f, block_size) == "reference":
+        return _reference(x, f, block_size, scale_mode)
+    qdata, scale = _empty_cast(x.shape, f, block_size, x.device)
+    _launch(x.reshape(-1, x.shape[-1]), f, block_size, scale_mode, qdata, scale, None, None)
+    return qdata, scale
+
+
+@_quantize_rowwise_op.register_fake
+def _(x, fmt, block_size, scale_mode, backend):
+    return _empty_cast(x.shape, get_format(fmt), block_size, x.device)
+
+
+@torch.library.custom_op("mx::quantize_colwise", mutates_args=())
+def _quantize_colwise_op(
+    x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    f = get_format(fmt)
+    if _choose("quantize_colwise", backend, x, f, block_size) == "reference":
+        return _reference(x.t().contiguous(), f, block_size, scale_mode)
+    q_t, s_t = _empty_cast(x.t().shape, f, block_size, x.device)
+    _launch(x, f, block_size, scale_mode, None, None, q_t, s_t)
+    return q_t, s_t
+
+
+@_quantize_colwise_op.register_fake
+def _(x, fmt, block_size, scale_mode, backend):
+    return _empty_cast(x.t().shape, get_format(fmt), block_size, x.device)
+
+
+@torch.library.custom_op("mx::quantize_both", mutates_args=())
+def _quantize_both_op(
+    x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    f = get_format(fmt)
+    if _choose("quantize_both", backend, x, f, block_size) == "reference":
+        return (
+            *_reference(x, f, block_size, scale_mode),
+            *_reference(x.t().contiguous(), f, block_size, scale_mode),
+        )
+    q_row, s_row = _empty_cast(x.shape, f, block_size, x.device)
+    q_col, s_col = _empty_cast(x.t().shape, f, block_size, x.device)
+    _launch(x, f, block_size, scale_mode, q_row, s_row, q_col, s_col)
+    return q_row, s_row, q_col, s_col
+
+
+@_quantize_both_op.register_fake
+def _(x, fmt, block_size, scale_mode, backend):
+    f = get_format(fmt)
+    return (
+        *_empty_cast(x.shape, f, block_size, x.device),
+        *_empty_cast(x.t().shape, f, block_size, x.device),
+    )
+
+
+def _check(
+    fn: str, x, fmt, block_size, scale_mode, backend, *, dims: tuple[int, ...]
+) -> tuple[str, str]:
+    """Validate arguments; ``dims`` are the dims blocked (any rank for (-1,), else 2-D)."""
+    name = get_format(fmt).name
+    mode = get_scale_mode(scale_mode).value
+    if backend not in BACKENDS:
+        raise ValueError(f"{fn}: backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    if dims != (-1,) and isinstance(x, torch.Tensor) and x.dim() != 2:
+        raise ValueError(f"{fn}: x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    for dim in dims:
+        mx_core.check_quantize_args(x, block_size, dim, fn=fn)
+    return name, mode
+
+
+def quantize_rowwise(
+    x: torch.Tensor,
+    fmt: str = "fp8_e4m3",
+    *,
+    block_size: int = 32,
+    scale_mode: str = "rceil",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MX cast with blocks along the last dim.
+
+    Args:
+        x: [..., K] fp32/bf16/fp16, K divisible by ``block_size``; any strides.
+        fmt, block_size, scale_mode: as :func:`mx_core.quantize`.
+        backend: ``"auto"``, ``"triton"`` or ``"reference"`` (see :mod:`mx_kernels.backend`).
+    Returns:
+        ``(qdata, scale)``: qdata [..., K] (fp4: [..., K // 2] uint8), scale
+        [..., K // block_size] float8_e8m0fnu; both contiguous. Equal to
+        ``mx_core.quantize(x, fmt, dim=-1, ...)``'s ``qdata`` and ``scale``.
+    """
+    name, mode = _check("quantize_rowwise", x, fmt, block_size, scale_mode, backend, dims=(-1,))
+    return torch.ops.mx.quantize_rowwise(x, name, block_size, mode, backend)
+
+
+def quantize_colwise(
+    x: torch.Tensor,
+    fmt: str = "fp8_e4m3",
+    *,
+    block_size: int = 32,
+    scale_mode: str = "rceil",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MX cast of a 2-D x [M, K] with blocks along M, laid out as the cast of x^T.
+
+    Returns:
+        ``(qdata_t, scale_t)``: qdata_t [K, M] (fp4: [K, M // 2]), scale_t
+        [K, M // block_size], both row-major; equal to
+        ``mx_core.quantize(x.t().contiguous(), fmt, dim=-1, ...)`` without materialising
+        the transpose.
+    """
+    name, mode = _check("quantize_colwise", x, fmt, block_size, scale_mode, backend, dims=(0,))
+    return torch.ops.mx.quantize_colwise(x, name, block_size, mode, backend)
+
+
+def quantize_both(
+    x: torch.Tensor,
+    fmt: str = "fp8_e4m3",
+    *,
+    block_size: int = 32,
+    scale_mode: str = "rceil",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rowwise and columnwise casts of a 2-D x [M, K] from one read of x.
+
+    Returns:
+        ``(q_row, s_row, q_col_t, s_col_t)``: :func:`quantize_rowwise` then
+        :func:`quantize_colwise` of x.
+    """
+    name, mode = _check("quantize_both", x, fmt, block_size, scale_mode, backend, dims=(-1, 0))
+    return torch.ops.mx.quantize_both(x, name, block_size, mode, backend)

@@ -1,0 +1,256 @@
+"""Triton kernels of the MX casts: rowwise, columnwise, and both in one pass.
+
+Every kernel loads a [BLOCK_M, BLOCK_K] tile of the high-precision input once, finds
+each MX block's amax as an integer max over the fp32 bit patterns with the sign cleared
+(NaN > Inf > any finite number in that order, so non-finite blocks are found for free),
+derives the E8M0 exponent with the integer formulas of :mod:`mx_core.scale`, and
+writes fp8 codes and scale bytes. The results are bit-identical to
+:func:`mx_core.quantize`.
+
+Outputs are passed as uint8 views (Triton's interpreter rejects float8_e8m0fnu args).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Scale modes and element formats as kernel constants.
+MODE_FLOOR = tl.constexpr(0)
+MODE_CEIL = tl.constexpr(1)
+MODE_EVEN = tl.constexpr(2)
+MODE_RCEIL = tl.constexpr(3)
+FMT_E4M3 = tl.constexpr(0)
+FMT_E5M2 = tl.constexpr(1)
+MODE_IDS = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+FMT_IDS = {"fp8_e4m3": 0, "fp8_e5m2": 1}
+
+
+@triton.jit
+def _round_to_grid(x, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_NORMAL: tl.constexpr):
+    """Round fp32 x to the element grid (nearest, ties to even), saturating; fp32 out."""
+    a = tl.minimum(tl.abs(x), MAX_NORMAL)
+    a_exp = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, EMIN)
+    q_exp = a_exp - MBITS  # the grid spacing is 2^q_exp; subnormals share EMIN's
+    quantum = ((q_exp + 127) << 23).to(tl.float32, bitcast=True)
+    steps = a * ((127 - q_exp) << 23).to(tl.float32, bitcast=True)  # exact: a / quantum
+    # Adding and removing 2^23 rounds a value in [0, 2^23) to an integer, ties to even.
+    steps = (steps + 8388608.0) - 8388608.0
+    bits = (steps * quantum).to(tl.int32, bitcast=True)
+    sign = x.to(tl.int32, bitcast=True) & -2147483648
+    return (bits | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mx_block_cast(
+    blocks,
+    AXIS: tl.constexpr,
+    FMT: tl.constexpr,
+    MODE: tl.constexpr,
+    EMAX: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_FRAC: tl.constexpr,
+    EMIN: tl.constexpr,
+    HW_ROUND: tl.constexpr,
+):
+    """Quantize ``blocks`` (fp32, one MX block along ``AXIS``) -> (codes u8, scale u8).
+
+    The scale keeps ``AXIS`` with size 1. EMAX, MBITS, MAX_NORMAL and MAX_FRAC (the fp32
+    fraction field of MAX_NORMAL) and EMIN (exponent of the smallest normal) describe the
+    element format. HW_ROUND lets the fp32 -> fp8 conversion round (GPUs); otherwise
+    values are rounded in fp32 arithmetic first (the interpreter).
+    """
+    bits = blocks.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    amax_bits = tl.max(bits, axis=AXIS, keep_dims=True)
+    biased = (amax_bits >> 23) & 0xFF
+    nonfinite = biased == 255
+    if MODE == MODE_EVEN:
+        biased = ((amax_bits + (1 << (22 - MBITS))) >> 23) & 0xFF
+    e = biased - (127 + EMAX)
+    if MODE == MODE_CEIL:
+        e += ((amax_bits & 0x7FFFFF) != 0).to(tl.int32)
+    if MODE == MODE_RCEIL:
+        e += ((amax_bits & 0x7FFFFF) > MAX_FRAC).to(tl.int32)
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    scale = tl.where(nonfinite, 255, e + 127).to(tl.uint8)
+    # 2^-e from its fp32 bits; only e = 127 would need the subnormal 2^-127.
+    inv_bits = tl.where(e == 127, 1 << 22, (127 - e) << 23)
+    scaled = blocks * inv_bits.to(tl.float32, bitcast=True)
+    if HW_ROUND:
+        # The hardware conversion rounds to nearest even; clamping makes it saturate.
+        scaled = tl.minimum(tl.maximum(scaled, -MAX_NORMAL), MAX_NORMAL)
+    else:
+        # Round in fp32 so that the conversion below is exact. Triton's interpreter drops
+        # the carry when fp32 -> fp8 rounding overflows the mantissa (127.3 -> 64, not
+        # 128): triton-lang/triton#8322, fix proposed in triton-lang/triton#11897.
+        scaled = _round_to_grid(scaled, MBITS, EMIN, MAX_NORMAL)
+    if FMT == FMT_E4M3:
+        q = scaled.to(tl.float8e4nv)
+    else:
+        q = scaled.to(tl.float8e5)
+    codes = q.to(tl.uint8, bitcast=True)
+    codes = tl.where(nonfinite, 0x7F, codes)
+    return codes, scale
+
+
+@triton.jit
+def _load_tile(x_ptr, M, K, stride_xm, stride_xk, pid_m, pid_k, BLOCK_M, BLOCK_K):
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+    ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32), offs_m, offs_k
+
+
+@triton.jit
+def _store_rowwise(
+    q_ptr,
+    s_ptr,
+    x,
+    offs_m,
+    offs_k,
+    M,
+    K,
+    pid_m,
+    pid_k,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BS: tl.constexpr,
+    FMT: tl.constexpr,
+    MODE: tl.constexpr,
+    EMAX: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_FRAC: tl.constexpr,
+    EMIN: tl.constexpr,
+    HW_ROUND: tl.constexpr,
+):
+    blocks = tl.reshape(x, (BLOCK_M, BLOCK_K // BS, BS))
+    codes, scale = _mx_block_cast(
+        blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, HW_ROUND
+    )
+    codes = tl.reshape(codes, (BLOCK_M, BLOCK_K))
+    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+    tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], codes, mask=mask)
+    scale = tl.reshape(scale, (BLOCK_M, BLOCK_K // BS))
+    offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
+    s_mask = (offs_m[:, None] < M) & (offs_s[None, :] < K // BS)
+    tl.store(s_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :], scale, mask=s_mask)
+
+
+@triton.jit
+def _store_colwise(
+    q_ptr,
+    s_ptr,
+    x,
+    offs_m,
+    offs_k,
+    M,
+    K,
+    pid_m,
+    pid_k,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BS: tl.constexpr,
+    FMT: tl.constexpr,
+    MODE: tl.constexpr,
+    EMAX: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_FRAC: tl.constexpr,
+    EMIN: tl.constexpr,
+    HW_ROUND: tl.constexpr,
+):
+    # Blocks run down the columns; outputs are the row-major cast of x^T: q_t [K, M],
+    # s_t [K, M // BS].
+    blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
+    codes, scale = _mx_block_cast(
+        blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, HW_ROUND
+    )
+    codes_t = tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K)))
+    mask_t = (offs_k[:, None] < K) & (offs_m[None, :] < M)
+    tl.store(q_ptr + offs_k[:, None] * M + offs_m[None, :], codes_t, mask=mask_t)
+    scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))
+    offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
+    s_mask = (offs_k[:, None] < K) & (offs_s[None, :] < M // BS)
+    tl.store(s_ptr + offs_k[:, None] * (M // BS) + offs_s[None, :], scale_t, mask=s_mask)
+
+
+@triton.jit
+def mx_cast_kernel(
+    x_ptr,
+    q_row_ptr,
+    s_row_ptr,
+    q_col_ptr,
+    s_col_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_xk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BS: tl.constexpr,
+    FMT: tl.constexpr,
+    MODE: tl.constexpr,
+    EMAX: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_FRAC: tl.constexpr,
+    EMIN: tl.constexpr,
+    HW_ROUND: tl.constexpr,
+    ROWWISE: tl.constexpr,
+    COLWISE: tl.constexpr,
+):
+    """One [BLOCK_M, BLOCK_K] tile of x [M, K]: rowwise and/or columnwise MX cast."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    x, offs_m, offs_k = _load_tile(
+        x_ptr, M, K, stride_xm, stride_xk, pid_m, pid_k, BLOCK_M, BLOCK_K
+    )
+    if ROWWISE:
+        _store_rowwise(
+            q_row_ptr,
+            s_row_ptr,
+            x,
+            offs_m,
+            offs_k,
+            M,
+            K,
+            pid_m,
+            pid_k,
+            BLOCK_M,
+            BLOCK_K,
+            BS,
+            FMT,
+            MODE,
+            EMAX,
+            MBITS,
+            MAX_NORMAL,
+            MAX_FRAC,
+            EMIN,
+            HW_ROUND,
+        )
+    if COLWISE:
+        _store_colwise(
+            q_col_ptr,
+            s_col_ptr,
+            x,
+            offs_m,
+            offs_k,
+            M,
+            K,
+            pid_m,
+            pid_k,
+            BLOCK_M,
+            BLOCK_K,
+            BS,
+            FMT,
+            MODE,
+            EMAX,
+            MBITS,
+            MAX_NORMAL,
+            MAX_FRAC,
+            EMIN,
+            HW_ROUND,
+        )
