@@ -6,6 +6,7 @@ elsewhere; the choice is logged once per op on the ``mx_kernels`` logger.
 
 from mx_kernels.backend import BACKENDS
 from mx_kernels.cast import quantize_both, quantize_colwise, quantize_rowwise
+from mx_kernels.matmul import scaled_mm
 from mx_kernels.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
 
 __version__ = "0.1.0"
@@ -15,6 +16,7 @@ __all__ = [
     "quantize_both",
     "quantize_colwise",
     "quantize_rowwise",
+    "scaled_mm",
     "swizzle_scales",
     "swizzled_shape",
     "unswizzle_scales",

@@ -15,12 +15,22 @@ import os
 
 import torch
 
-__all__ = ["BACKENDS", "resolve_backend", "triton_available", "interpreter_enabled"]
+__all__ = [
+    "BACKENDS",
+    "MATMUL_BACKENDS",
+    "interpreter_enabled",
+    "resolve_backend",
+    "resolve_matmul_backend",
+    "triton_available",
+]
 
 logger = logging.getLogger("mx_kernels")
 
 BACKENDS: tuple[str, ...] = ("auto", "triton", "reference")
 """Backends of the cast ops (the matmul has its own list)."""
+
+MATMUL_BACKENDS: tuple[str, ...] = ("auto", "emulated", "cublas", "triton")
+"""Backends of :func:`mx_kernels.scaled_mm` (see :func:`resolve_matmul_backend`)."""
 
 
 def interpreter_enabled() -> bool:
@@ -75,4 +85,56 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
             "(Triton's interpreter); use a CUDA tensor or backend='reference'"
         )
     _log_once(op, "triton", device.type, backend)
+    return "triton"
+
+
+def resolve_matmul_backend(
+    op: str, backend: str, device: torch.device, *, cublas_unsupported: str | None = None
+) -> str:
+    """The concrete matmul backend for ``backend`` on ``device``.
+
+    ``"auto"`` picks ``"emulated"`` off CUDA, ``"cublas"`` on sm100+ (unless
+    ``cublas_unsupported`` says why these inputs cannot go there), else ``"triton"``.
+
+    Raises:
+        ValueError: ``backend`` is not in :data:`MATMUL_BACKENDS`.
+        RuntimeError: the backend cannot run here: cuBLAS MX needs a CUDA device of
+            compute capability >= 10.0; Triton needs triton and sm90+ (or, on CPU,
+            ``TRITON_INTERPRET=1``).
+    """
+    if backend not in MATMUL_BACKENDS:
+        raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(MATMUL_BACKENDS)}")
+    if backend == "emulated" or (backend == "auto" and device.type != "cuda"):
+        _log_once(op, "emulated", device.type, backend if backend != "auto" else "auto: not CUDA")
+        return "emulated"
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    where = f"sm{capability[0]}{capability[1]}" if capability else f"a {device.type} tensor"
+    why = backend
+    if backend == "auto":
+        if capability >= (10, 0) and cublas_unsupported is None:
+            _log_once(op, "cublas", device.type, "auto: sm100+")
+            return "cublas"
+        backend = "triton"
+        why = f"auto: {cublas_unsupported}" if capability >= (10, 0) else "auto: sm90"
+    if backend == "cublas":
+        if capability is None or capability < (10, 0):
+            raise RuntimeError(
+                f"{op}: backend='cublas' (cuBLAS MX block scaling) needs a CUDA device of "
+                f"compute capability >= 10.0, got {where}; use backend='triton' or 'emulated'"
+            )
+        _log_once(op, "cublas", device.type, why)
+        return "cublas"
+    if capability is not None and capability < (9, 0):
+        raise RuntimeError(
+            f"{op}: the Triton MX matmul needs compute capability >= 9.0, got {where} "
+            f"(backend={backend!r}); pass backend='emulated'"
+        )
+    if capability is None and not interpreter_enabled():
+        raise RuntimeError(
+            f"{op}: backend='triton' on {where} needs TRITON_INTERPRET=1 (Triton's "
+            "interpreter); use a CUDA tensor or backend='emulated'"
+        )
+    if not triton_available():
+        raise RuntimeError(f"{op}: backend='triton' needs triton, which is not installed")
+    _log_once(op, "triton", device.type, why)
     return "triton"

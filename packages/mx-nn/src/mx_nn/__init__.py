@@ -1,7 +1,14 @@
-"""mx-nn: ``MXLinear``, configs and recipes, model conversion, ``parallelize`` and the
-``mx-train`` command. (Their issues come after the kernels; this release only installs.)
+"""mx-nn: ``MXLinear``, configs and recipes, and model conversion.
+
+``convert(model, "mxfp8")`` swaps ``nn.Linear`` layers for :class:`MXLinear`, whose
+three GEMMs run in MX (the GEMM table is in :mod:`mx_nn.config`). ``parallelize`` and
+the ``mx-train`` command come with the parallelism issues.
 """
+
+from mx_nn.config import MXLinearConfig, MXRecipe
+from mx_nn.convert import convert
+from mx_nn.linear import MXLinear
 
 __version__ = "0.1.0"
 
-__all__: list[str] = []
+__all__ = ["MXLinear", "MXLinearConfig", "MXRecipe", "convert"]

@@ -1,0 +1,321 @@
+"""MX scaled matmul ``scaled_mm(a_q, a_scale, b_q, b_scale) = a @ b^T``: the ``mx::scaled_mm`` op.
+
+Layouts (both operands K-major, as ``nn.Linear`` holds its weight)::
+
+    a_q     [M, K]        float8_e4m3fn | float8_e5m2     (fp4: [M, K // 2] packed bytes)
+    a_scale [M, K // 32]  float8_e8m0fnu, row-major, unswizzled
+    b_q     [N, K]        likewise                        (fp4: [N, K // 2])
+    b_scale [N, K // 32]
+    out     [M, N]        bf16 | fp16 | fp32
+
+This is what ``mx_core.quantize(x, fmt, dim=-1)`` returns for ``x`` [M, K] and
+``w`` [N, K]. fp4_e2m1 is two elements per byte along K, the first in the low nibble, as
+uint8 or ``torch.float4_e2m1fn_x2``; the formats of ``a`` and ``b`` may differ.
+
+Backends (``backend=``; the choice is logged once at INFO, nothing falls back silently):
+
+- ``"emulated"``: dequantize both to fp32 (mx-core), fp32 matmul, cast. The exact
+  reference (with TF32 off, torch's default); the auto choice off CUDA.
+- ``"cublas"``: ``torch._scaled_mm`` with the scales in cuBLAS's blocked layout
+  (sm100+ only). The auto choice on sm100+ where cuBLAS takes the inputs.
+- ``"triton"``: :mod:`mx_kernels.matmul_triton` (sm90+, or CPU under
+  ``TRITON_INTERPRET=1``). The auto choice on sm90. Its kernel design comes from the
+  ``MX_KERNELS_MM_DESIGN`` environment variable: ``dot_scaled`` (default) or ``fp8_mma``.
+
+The op is ``mx::scaled_mm(a_bytes, a_scale_bytes, a_fmt, b_bytes, b_scale_bytes, b_fmt,
+out_dtype, backend)``: every tensor a uint8 view, formats by mx-core name.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from mx_core import MXTensor
+from mx_kernels.backend import MATMUL_BACKENDS, resolve_matmul_backend
+from mx_kernels.swizzle import swizzle_scales
+
+__all__ = [
+    "OUT_DTYPES",
+    "CublasArgs",
+    "check_scaled_mm_args",
+    "cublas_unsupported_reason",
+    "prepare_cublas_args",
+    "scaled_mm",
+    "scaled_mm_cublas",
+    "scaled_mm_reference",
+]
+
+MX_BLOCK = 32
+OUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+"""Output dtypes of :func:`scaled_mm`."""
+
+_FORMATS = {
+    torch.float8_e4m3fn: "fp8_e4m3",
+    torch.float8_e5m2: "fp8_e5m2",
+    torch.uint8: "fp4_e2m1",
+    torch.float4_e2m1fn_x2: "fp4_e2m1",
+}
+_EXPECTED_DTYPES = (
+    "float8_e4m3fn, float8_e5m2, or fp4_e2m1 packed two per byte (uint8 or float4_e2m1fn_x2)"
+)
+_DESIGN_ENV = "MX_KERNELS_MM_DESIGN"
+
+
+def scaled_mm(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_q: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """MX matmul ``a @ b^T`` of two K-major MX operands (layouts in the module doc).
+
+    Args:
+        a_q: [M, K] fp8 codes (or [M, K // 2] packed fp4), row-major.
+        a_scale: [M, K // 32] E8M0 scales of ``a_q``, unswizzled.
+        b_q: [N, K] fp8 codes (or [N, K // 2] packed fp4), row-major.
+        b_scale: [N, K // 32] E8M0 scales of ``b_q``, unswizzled.
+        out_dtype: bf16, fp16 or fp32.
+        backend: ``"auto"``, ``"emulated"``, ``"cublas"`` or ``"triton"``.
+    Returns:
+        [M, N] in ``out_dtype``.
+    Raises:
+        TypeError: an operand is not a tensor or has the wrong dtype.
+        ValueError: bad shapes or layout, unsupported ``out_dtype``, unknown backend
+            (the message names the operand).
+        RuntimeError: the backend cannot run on this device.
+
+    Example:
+        >>> a, w = mx_core.quantize(x, "fp8_e4m3"), mx_core.quantize(weight, "fp8_e4m3")
+        >>> y = scaled_mm(a.qdata, a.scale, w.qdata, w.scale)  # x @ weight.T, bf16
+    """
+    check_scaled_mm_args(a_q, a_scale, b_q, b_scale, out_dtype=out_dtype, backend=backend)
+    # The op takes uint8 views plus format names: opcheck compares inputs with allclose,
+    # which CPU float8 lacks, and gloo refuses float8; the views cost nothing.
+    a_fmt, b_fmt = _FORMATS[a_q.dtype], _FORMATS[b_q.dtype]
+    u8 = torch.uint8
+    return torch.ops.mx.scaled_mm(
+        a_q.view(u8), a_scale.view(u8), a_fmt, b_q.view(u8), b_scale.view(u8), b_fmt,
+        out_dtype, backend,
+    )  # fmt: skip
+
+
+def check_scaled_mm_args(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_q: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype,
+    backend: str,
+) -> tuple[int, int, int]:
+    """Validate :func:`scaled_mm`'s arguments; return the logical ``(M, N, K)``.
+
+    Raises:
+        TypeError, ValueError: as :func:`scaled_mm`.
+    """
+    k_a = _check_operand("a_q", a_q)
+    k_b = _check_operand("b_q", b_q)
+    if k_a != k_b:
+        raise ValueError(
+            f"scaled_mm: a_q [M, K] has K={k_a} but b_q [N, K] has K={k_b}; both must be "
+            "K-major with the same K (pass the weight as [N, K], not transposed)"
+        )
+    if k_a % MX_BLOCK:
+        raise ValueError(f"scaled_mm: K={k_a} (of a_q and b_q) is not a multiple of 32")
+    m, n = a_q.shape[0], b_q.shape[0]
+    _check_scale("a_scale", a_scale, (m, k_a // MX_BLOCK), "M")
+    _check_scale("b_scale", b_scale, (n, k_a // MX_BLOCK), "N")
+    for name, t in (("a_scale", a_scale), ("b_q", b_q), ("b_scale", b_scale)):
+        if t.device != a_q.device:
+            raise ValueError(f"scaled_mm: {name} is on {t.device} but a_q is on {a_q.device}")
+    if not isinstance(out_dtype, torch.dtype):
+        raise TypeError(
+            f"scaled_mm: out_dtype must be a torch.dtype, got {type(out_dtype).__name__}"
+        )
+    if out_dtype not in OUT_DTYPES:
+        allowed = ", ".join(str(d) for d in OUT_DTYPES)
+        raise ValueError(f"scaled_mm: out_dtype={out_dtype} is not supported; allowed: {allowed}")
+    if not isinstance(backend, str):
+        raise TypeError(f"scaled_mm: backend must be a str, got {type(backend).__name__}")
+    if backend not in MATMUL_BACKENDS:
+        raise ValueError(
+            f"scaled_mm: backend={backend!r} is not one of {', '.join(MATMUL_BACKENDS)}"
+        )
+    return m, n, k_a
+
+
+def _check_operand(name: str, q: torch.Tensor) -> int:
+    """Check one element operand; return its logical K."""
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"scaled_mm: {name} must be a torch.Tensor, got {type(q).__name__}")
+    if q.dtype not in _FORMATS:
+        raise TypeError(f"scaled_mm: {name} has dtype {q.dtype}; expected {_EXPECTED_DTYPES}")
+    if q.dim() != 2:
+        raise ValueError(f"scaled_mm: {name} must be 2-D [rows, K], got shape {tuple(q.shape)}")
+    if q.stride(1) != 1:
+        raise ValueError(
+            f"scaled_mm: {name} must be K-major (row-major [rows, K], stride(1) == 1, as "
+            f"nn.Linear holds its weight), got shape {tuple(q.shape)} with strides "
+            f"{q.stride()}; a transposed view is not K-major"
+        )
+    return q.shape[1] * (2 if _FORMATS[q.dtype] == "fp4_e2m1" else 1)
+
+
+def _check_scale(name: str, scale: torch.Tensor, shape: tuple[int, int], rows: str) -> None:
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"scaled_mm: {name} must be a torch.Tensor, got {type(scale).__name__}")
+    if scale.dtype != torch.float8_e8m0fnu:
+        raise TypeError(f"scaled_mm: {name} has dtype {scale.dtype}; expected torch.float8_e8m0fnu")
+    if tuple(scale.shape) != shape:
+        raise ValueError(
+            f"scaled_mm: {name} has shape {tuple(scale.shape)}; expected {shape} = "
+            f"[{rows}, K // 32] (unswizzled, one scale per 32 elements along K)"
+        )
+
+
+@torch.library.custom_op("mx::scaled_mm", mutates_args=())
+def _scaled_mm_op(
+    a_bytes: torch.Tensor,
+    a_scale_bytes: torch.Tensor,
+    a_fmt: str,
+    b_bytes: torch.Tensor,
+    b_scale_bytes: torch.Tensor,
+    b_fmt: str,
+    out_dtype: torch.dtype,
+    backend: str,
+) -> torch.Tensor:
+    """The op behind :func:`scaled_mm`: checked arguments as uint8 views, element
+    formats by name (``fp8_e4m3``, ``fp8_e5m2``, ``fp4_e2m1``)."""
+    a_q, b_q = _STORAGE[a_fmt](a_bytes), _STORAGE[b_fmt](b_bytes)
+    a_scale = a_scale_bytes.view(torch.float8_e8m0fnu)
+    b_scale = b_scale_bytes.view(torch.float8_e8m0fnu)
+    reason = cublas_unsupported_reason(a_q.dtype, b_q.dtype, b_q.shape[0])
+    chosen = resolve_matmul_backend("scaled_mm", backend, a_q.device, cublas_unsupported=reason)
+    if chosen == "emulated":
+        return scaled_mm_reference(a_q, a_scale, b_q, b_scale, out_dtype)
+    if chosen == "cublas":
+        return scaled_mm_cublas(a_q, a_scale, b_q, b_scale, out_dtype)
+    from mx_kernels.matmul_triton import scaled_mm_triton  # imports triton: only when used
+
+    design = os.environ.get(_DESIGN_ENV, "dot_scaled")
+    if design not in ("dot_scaled", "fp8_mma"):
+        raise ValueError(f"scaled_mm: {_DESIGN_ENV}={design!r}; allowed: dot_scaled, fp8_mma")
+    return scaled_mm_triton(a_q, a_scale, b_q, b_scale, out_dtype, design=design)
+
+
+@_scaled_mm_op.register_fake
+def _(a_bytes, a_scale_bytes, a_fmt, b_bytes, b_scale_bytes, b_fmt, out_dtype, backend):
+    return a_bytes.new_empty((a_bytes.shape[0], b_bytes.shape[0]), dtype=out_dtype)
+
+
+_STORAGE = {
+    "fp8_e4m3": lambda t: t.view(torch.float8_e4m3fn),
+    "fp8_e5m2": lambda t: t.view(torch.float8_e5m2),
+    "fp4_e2m1": lambda t: t,  # packed bytes
+}
+
+
+def scaled_mm_reference(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_q: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The "emulated" backend: fp32 dequantize (``MXTensor.dequantize``), fp32 matmul,
+    cast to ``out_dtype``. Arguments as :func:`scaled_mm`, unchecked."""
+    a_hp = _dequantize(a_q, a_scale)
+    b_hp = _dequantize(b_q, b_scale)
+    return (a_hp @ b_hp.t()).to(out_dtype)
+
+
+def _dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    fmt = _FORMATS[q.dtype]
+    qdata = q.view(torch.uint8) if fmt == "fp4_e2m1" else q
+    t = MXTensor(
+        qdata=qdata, scale=scale, fmt=fmt, block_size=MX_BLOCK, dim=1, orig_dtype=torch.float32
+    )
+    return t.dequantize(torch.float32)
+
+
+@dataclass(frozen=True)
+class CublasArgs:
+    """Operands of ``torch._scaled_mm`` for an MX (BlockWise1x32) GEMM on sm100.
+
+    Requirements, from PyTorch's ``aten/src/ATen/native/cuda/ScaledBlas.cpp``
+    (``is_blockwise_1x32_scaling``, ``_scaled_mm_out_cuda``, ``_scaled_gemm``):
+    mat_a row-major and mat_b column-major; K % 16 == 0 and N % 16 == 0; float8 or
+    ``float4_e2m1fn_x2`` data (not both e5m2); e8m0 scales, contiguous, with
+    ``ceil128(rows) * ceil4(K // 32)`` elements each in the blocked 32_4_4 layout
+    (https://docs.nvidia.com/cuda/cublas/#d-block-scaling-factors-layout).
+    """
+
+    mat_a: torch.Tensor
+    """[M, K] row-major (fp4: [M, K // 2] ``float4_e2m1fn_x2``)."""
+    mat_b: torch.Tensor
+    """[K, N] column-major: ``b_q.t()`` (fp4: [K // 2, N])."""
+    scale_a: torch.Tensor
+    """1-D ``float8_e8m0fnu``, :func:`swizzle_scales` of a_scale flattened."""
+    scale_b: torch.Tensor
+    """1-D ``float8_e8m0fnu``, :func:`swizzle_scales` of b_scale flattened."""
+
+
+def cublas_unsupported_reason(a_dtype: torch.dtype, b_dtype: torch.dtype, n: int) -> str | None:
+    """Why cuBLAS cannot take operands of these storage dtypes and N (None if it can)."""
+    a_fp4, b_fp4 = (_FORMATS.get(d) == "fp4_e2m1" for d in (a_dtype, b_dtype))
+    if a_fp4 != b_fp4:
+        return "a_q and b_q mix fp4 and fp8, which cuBLAS MX GEMMs do not take"
+    if a_dtype == b_dtype == torch.float8_e5m2:
+        return "a_q and b_q are both float8_e5m2, which cuBLAS does not multiply"
+    if n % 16:
+        return f"b_q has N={n} rows; cuBLAS needs N % 16 == 0"
+    return None
+
+
+def prepare_cublas_args(
+    a_q: torch.Tensor, a_scale: torch.Tensor, b_q: torch.Tensor, b_scale: torch.Tensor
+) -> CublasArgs:
+    """Host-side preparation of the cuBLAS MX GEMM (pure torch, runs on any device).
+
+    Raises:
+        ValueError: cuBLAS cannot take these operands (see :func:`cublas_unsupported_reason`).
+    """
+    reason = cublas_unsupported_reason(a_q.dtype, b_q.dtype, b_q.shape[0])
+    if reason is not None:
+        raise ValueError(f"scaled_mm(backend='cublas'): {reason}")
+    mat_a, mat_b = a_q.contiguous(), b_q.contiguous()
+    if _FORMATS[a_q.dtype] == "fp4_e2m1":
+        mat_a, mat_b = mat_a.view(torch.float4_e2m1fn_x2), mat_b.view(torch.float4_e2m1fn_x2)
+    return CublasArgs(
+        mat_a=mat_a,
+        mat_b=mat_b.t(),
+        scale_a=swizzle_scales(a_scale).flatten(),
+        scale_b=swizzle_scales(b_scale).flatten(),
+    )
+
+
+def scaled_mm_cublas(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_q: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The "cublas" backend: ``torch._scaled_mm`` on :func:`prepare_cublas_args`.
+
+    Raises:
+        RuntimeError: not a CUDA device of compute capability >= 10.0.
+    """
+    device = a_q.device
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (10, 0):
+        raise RuntimeError(
+            "scaled_mm: the cuBLAS MX GEMM needs a CUDA device of compute capability >= 10.0"
+        )
+    args = prepare_cublas_args(a_q, a_scale, b_q, b_scale)
+    return torch._scaled_mm(args.mat_a, args.mat_b, args.scale_a, args.scale_b, out_dtype=out_dtype)

@@ -1,0 +1,175 @@
+"""``MXLinear``: an ``nn.Linear`` whose three GEMMs run in MX with dynamic casts.
+
+Forward and backward (X [M, K] the input with leading dims folded into M, W [N, K],
+dY [M, N]); the cast of a tensor needed in both orientations is one pass
+(``mx_kernels.quantize_both``):
+
+- forward: X rowwise (or both, when ``save_mx_activations``), W both;
+  Y = scaled_mm(X, W) (blocks along K).
+- backward: dY both; dX = scaled_mm(dY, W^T) (blocks along N, W's columnwise cast saved
+  from forward); dW = scaled_mm(dY^T, X^T) (blocks along M) or dY^T X in high precision.
+
+Rows are padded with zeros to a multiple of the block size where a cast runs along M
+(zeros add nothing to dW). fp6 formats and block sizes other than 32 have no MX GEMM:
+they dequantize and multiply in fp32 (logged once).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mx_kernels
+from mx_core import MXTensor, get_format
+from mx_nn.config import MXLinearConfig
+
+__all__ = ["MXLinear"]
+
+logger = logging.getLogger("mx_nn")
+_GEMM_BLOCK = 32
+_LOGGED: set[tuple[str, str]] = set()
+
+
+def _cast_rowwise(x: torch.Tensor, fmt: str, c: MXLinearConfig):
+    return mx_kernels.quantize_rowwise(
+        x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend
+    )
+
+
+def _cast_both(x: torch.Tensor, fmt: str, c: MXLinearConfig):
+    return mx_kernels.quantize_both(
+        x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend
+    )
+
+
+def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    extra = -x.shape[0] % multiple
+    return F.pad(x, (0, 0, 0, extra)) if extra else x
+
+
+def _gemm(a, a_fmt: str, b, b_fmt: str, out_dtype: torch.dtype, c: MXLinearConfig):
+    """``a @ b^T`` of two rowwise casts ``(qdata, scale)``, K-major both."""
+    fp6 = [f for f in (a_fmt, b_fmt) if get_format(f).bits == 6]
+    if not fp6 and c.block_size == _GEMM_BLOCK:
+        return mx_kernels.scaled_mm(*a, *b, out_dtype=out_dtype, backend=c.gemm_backend)
+    why = f"{fp6[0]} has no MX GEMM" if fp6 else f"block_size={c.block_size} != 32"
+    if (why, str(a[0].device)) not in _LOGGED:
+        _LOGGED.add((why, str(a[0].device)))
+        logger.info("mx_nn.MXLinear: fp32 emulated GEMM on %s (%s)", a[0].device.type, why)
+    a_hp = MXTensor(a[0], a[1], a_fmt, c.block_size, 1, torch.float32).dequantize()
+    b_hp = MXTensor(b[0], b[1], b_fmt, c.block_size, 1, torch.float32).dequantize()
+    return (a_hp @ b_hp.t()).to(out_dtype)
+
+
+class _MXLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        m = x2.shape[0]
+        if c.save_mx_activations and c.needs_colwise_input:
+            x_q, x_s, xt_q, xt_s = _cast_both(_pad_rows(x2, c.block_size), c.input_fmt, c)
+            x_q, x_s = x_q[:m], x_s[:m]
+            saved_x = (xt_q, xt_s)
+        else:
+            x_q, x_s = _cast_rowwise(x2, c.input_fmt, c)
+            saved_x = (x2,)
+        w_q, w_s, wt_q, wt_s = _cast_both(weight, c.weight_fmt, c)
+        y = _gemm((x_q, x_s), c.input_fmt, (w_q, w_s), c.weight_fmt, x.dtype, c)
+        ctx.save_for_backward(wt_q, wt_s, *saved_x)
+        ctx.config, ctx.x_shape, ctx.x_dtype, ctx.w_dtype = c, x.shape, x.dtype, weight.dtype
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        c: MXLinearConfig = ctx.config
+        wt_q, wt_s, *saved_x = ctx.saved_tensors
+        dy = grad_output.reshape(-1, grad_output.shape[-1])
+        m = dy.shape[0]
+        grad_x = grad_w = None
+        if c.hp_weight_grad:
+            if ctx.needs_input_grad[1]:
+                (x2,) = saved_x
+                grad_w = (dy.t() @ x2.to(dy.dtype)).to(ctx.w_dtype)
+            dy_q, dy_s = _cast_rowwise(dy, c.grad_output_fmt, c)
+        else:
+            dy_q, dy_s, dyt_q, dyt_s = _cast_both(_pad_rows(dy, c.block_size), c.grad_output_fmt, c)
+            dy_q, dy_s = dy_q[:m], dy_s[:m]
+            if ctx.needs_input_grad[1]:
+                if c.save_mx_activations:
+                    xt_q, xt_s = saved_x
+                else:
+                    (x2,) = saved_x
+                    _, _, xt_q, xt_s = _cast_both(_pad_rows(x2, c.block_size), c.input_fmt, c)
+                grad_w = _gemm(
+                    (dyt_q, dyt_s), c.grad_output_fmt, (xt_q, xt_s), c.input_fmt, ctx.w_dtype, c
+                )
+        if ctx.needs_input_grad[0]:
+            grad_x = _gemm(
+                (dy_q, dy_s), c.grad_output_fmt, (wt_q, wt_s), c.weight_fmt, ctx.x_dtype, c
+            ).reshape(ctx.x_shape)
+        return grad_x, grad_w, None
+
+
+class MXLinear(nn.Linear):
+    """``nn.Linear`` computing its three GEMMs in MX (see the module doc).
+
+    Same parameters, state_dict keys and dtypes as ``nn.Linear``; ``in_features`` and
+    ``out_features`` must be multiples of ``config.block_size``. Input [..., K] of any
+    rank >= 1 in fp32/bf16/fp16 (under autocast, the autocast dtype); output [..., N].
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        config: MXLinearConfig | None = None,
+    ) -> None:
+        config = config or MXLinearConfig()
+        _check_dims(in_features, out_features, config)
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.config = config
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: MXLinearConfig | None = None) -> MXLinear:
+        """An MXLinear sharing ``linear``'s Parameter objects (no copy)."""
+        config = config or MXLinearConfig()
+        _check_dims(linear.in_features, linear.out_features, config)
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.config = config
+        new.train(linear.training)
+        return new
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        x, weight, device_type = input, self.weight, input.device.type
+        if torch.is_autocast_enabled(device_type):
+            # Cast as autocast would for F.linear, then run the MX GEMMs outside it.
+            dtype = torch.get_autocast_dtype(device_type)
+            x, weight = x.to(dtype), weight.to(dtype)
+            with torch.autocast(device_type, enabled=False):
+                y = _MXLinearFunction.apply(x, weight, self.config)
+        else:
+            y = _MXLinearFunction.apply(x, weight, self.config)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, config={self.config}"
+
+
+def _check_dims(in_features: int, out_features: int, config: MXLinearConfig) -> None:
+    bs = config.block_size
+    if in_features % bs or out_features % bs:
+        raise ValueError(
+            f"MXLinear needs in_features and out_features divisible by block_size={bs}, "
+            f"got in_features={in_features}, out_features={out_features}"
+        )
