@@ -95,162 +95,46 @@ def _mx_block_cast(
 
 
 @triton.jit
-def _load_tile(x_ptr, M, K, stride_xm, stride_xk, pid_m, pid_k, BLOCK_M, BLOCK_K):
+def mx_cast_kernel(
+    x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr,
+    M, K, stride_xm, stride_xk,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr,
+    FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr,
+    HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
+):  # fmt: skip
+    """One [BLOCK_M, BLOCK_K] tile of x [M, K]: rowwise and/or columnwise MX cast.
+
+    Rowwise writes q [M, K] and s [M, K // BS]; columnwise writes the row-major cast of
+    x^T: q_t [K, M] and s_t [K, M // BS]. All outputs are contiguous uint8 views.
+    """
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
-    ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32), offs_m, offs_k
-
-
-@triton.jit
-def _store_rowwise(
-    q_ptr,
-    s_ptr,
-    x,
-    offs_m,
-    offs_k,
-    M,
-    K,
-    pid_m,
-    pid_k,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BS: tl.constexpr,
-    FMT: tl.constexpr,
-    MODE: tl.constexpr,
-    EMAX: tl.constexpr,
-    MBITS: tl.constexpr,
-    MAX_NORMAL: tl.constexpr,
-    MAX_FRAC: tl.constexpr,
-    EMIN: tl.constexpr,
-    HW_ROUND: tl.constexpr,
-):
-    blocks = tl.reshape(x, (BLOCK_M, BLOCK_K // BS, BS))
-    codes, scale = _mx_block_cast(
-        blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, HW_ROUND
-    )
-    codes = tl.reshape(codes, (BLOCK_M, BLOCK_K))
-    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
-    tl.store(q_ptr + offs_m[:, None] * K + offs_k[None, :], codes, mask=mask)
-    scale = tl.reshape(scale, (BLOCK_M, BLOCK_K // BS))
-    offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
-    s_mask = (offs_m[:, None] < M) & (offs_s[None, :] < K // BS)
-    tl.store(s_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :], scale, mask=s_mask)
-
-
-@triton.jit
-def _store_colwise(
-    q_ptr,
-    s_ptr,
-    x,
-    offs_m,
-    offs_k,
-    M,
-    K,
-    pid_m,
-    pid_k,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BS: tl.constexpr,
-    FMT: tl.constexpr,
-    MODE: tl.constexpr,
-    EMAX: tl.constexpr,
-    MBITS: tl.constexpr,
-    MAX_NORMAL: tl.constexpr,
-    MAX_FRAC: tl.constexpr,
-    EMIN: tl.constexpr,
-    HW_ROUND: tl.constexpr,
-):
-    # Blocks run down the columns; outputs are the row-major cast of x^T: q_t [K, M],
-    # s_t [K, M // BS].
-    blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
-    codes, scale = _mx_block_cast(
-        blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, HW_ROUND
-    )
-    codes_t = tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K)))
-    mask_t = (offs_k[:, None] < K) & (offs_m[None, :] < M)
-    tl.store(q_ptr + offs_k[:, None] * M + offs_m[None, :], codes_t, mask=mask_t)
-    scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))
-    offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
-    s_mask = (offs_k[:, None] < K) & (offs_s[None, :] < M // BS)
-    tl.store(s_ptr + offs_k[:, None] * (M // BS) + offs_s[None, :], scale_t, mask=s_mask)
-
-
-@triton.jit
-def mx_cast_kernel(
-    x_ptr,
-    q_row_ptr,
-    s_row_ptr,
-    q_col_ptr,
-    s_col_ptr,
-    M,
-    K,
-    stride_xm,
-    stride_xk,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BS: tl.constexpr,
-    FMT: tl.constexpr,
-    MODE: tl.constexpr,
-    EMAX: tl.constexpr,
-    MBITS: tl.constexpr,
-    MAX_NORMAL: tl.constexpr,
-    MAX_FRAC: tl.constexpr,
-    EMIN: tl.constexpr,
-    HW_ROUND: tl.constexpr,
-    ROWWISE: tl.constexpr,
-    COLWISE: tl.constexpr,
-):
-    """One [BLOCK_M, BLOCK_K] tile of x [M, K]: rowwise and/or columnwise MX cast."""
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    x, offs_m, offs_k = _load_tile(
-        x_ptr, M, K, stride_xm, stride_xk, pid_m, pid_k, BLOCK_M, BLOCK_K
-    )
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     if ROWWISE:
-        _store_rowwise(
-            q_row_ptr,
-            s_row_ptr,
-            x,
-            offs_m,
-            offs_k,
-            M,
-            K,
-            pid_m,
-            pid_k,
-            BLOCK_M,
-            BLOCK_K,
-            BS,
-            FMT,
-            MODE,
-            EMAX,
-            MBITS,
-            MAX_NORMAL,
-            MAX_FRAC,
-            EMIN,
-            HW_ROUND,
+        blocks = tl.reshape(x, (BLOCK_M, BLOCK_K // BS, BS))
+        codes, scale = _mx_block_cast(
+            blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, HW_ROUND
         )
+        tl.store(q_row_ptr + offs_m[:, None] * K + offs_k[None, :],
+                 tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask=mask)
+        offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
+        s_mask = (offs_m[:, None] < M) & (offs_s[None, :] < K // BS)
+        tl.store(s_row_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :],
+                 tl.reshape(scale, (BLOCK_M, BLOCK_K // BS)), mask=s_mask)
     if COLWISE:
-        _store_colwise(
-            q_col_ptr,
-            s_col_ptr,
-            x,
-            offs_m,
-            offs_k,
-            M,
-            K,
-            pid_m,
-            pid_k,
-            BLOCK_M,
-            BLOCK_K,
-            BS,
-            FMT,
-            MODE,
-            EMAX,
-            MBITS,
-            MAX_NORMAL,
-            MAX_FRAC,
-            EMIN,
-            HW_ROUND,
+        blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
+        codes, scale = _mx_block_cast(
+            blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, HW_ROUND
         )
+        codes_t = tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K)))
+        mask_t = (offs_k[:, None] < K) & (offs_m[None, :] < M)
+        tl.store(q_col_ptr + offs_k[:, None] * M + offs_m[None, :], codes_t, mask=mask_t)
+        offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
+        s_mask = (offs_k[:, None] < K) & (offs_s[None, :] < M // BS)
+        scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))
+        tl.store(s_col_ptr + offs_k[:, None] * (M // BS) + offs_s[None, :], scale_t, mask=s_mask)
