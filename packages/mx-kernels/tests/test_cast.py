@@ -107,14 +107,32 @@ def test_non_contiguous_inputs():
     _assert_same(both[2:], mx_core.quantize(strided[:32, :64].t().contiguous()))
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fmt", ["fp6_e2m3", "fp6_e3m2", "fp4_e2m1"])
-def test_formats_without_triton_run_the_reference_when_auto(fmt, caplog):
-    x = _data((32, 64), torch.float32)
+def test_fp6_and_fp4_bit_exact(fmt, mode):
+    for x in (semantic_inputs(fmt, torch.bfloat16).repeat(32, 1), _data((64, 96), torch.float32)):
+        want_row = mx_core.quantize(x, fmt, scale_mode=mode)
+        want_col = mx_core.quantize(x.t().contiguous(), fmt, scale_mode=mode)
+        _assert_same(
+            mx_kernels.quantize_rowwise(x, fmt, scale_mode=mode, backend="triton"), want_row
+        )
+        _assert_same(
+            mx_kernels.quantize_colwise(x, fmt, scale_mode=mode, backend="triton"), want_col
+        )
+        both = mx_kernels.quantize_both(x, fmt, scale_mode=mode, backend="triton")
+        _assert_same(both[:2], want_row)
+        _assert_same(both[2:], want_col)
+
+
+def test_block_sizes_without_triton_run_the_reference_when_auto(caplog, monkeypatch):
+    x = _data((4, 36), torch.float32)
+    # auto picks Triton only for CUDA tensors; pretend this one is, to reach the choice.
+    monkeypatch.setattr(mx_kernels.cast, "resolve_backend", lambda op, backend, device: "triton")
     with caplog.at_level(logging.INFO, logger="mx_kernels"):
-        _assert_same(mx_kernels.quantize_rowwise(x, fmt), mx_core.quantize(x, fmt))
-        _assert_same(mx_kernels.quantize_colwise(x, fmt), mx_core.quantize(x.t().contiguous(), fmt))
-    with pytest.raises(ValueError, match=f"fmt='{fmt}' has no Triton cast"):
-        mx_kernels.quantize_rowwise(x, fmt, backend="triton")
+        _assert_same(
+            mx_kernels.quantize_rowwise(x, block_size=6), mx_core.quantize(x, block_size=6)
+        )
+    assert "reference backend on cpu (block_size=6 has no Triton cast" in caplog.text
 
 
 def test_auto_on_cpu_is_the_reference_and_says_so(caplog):

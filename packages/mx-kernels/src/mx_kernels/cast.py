@@ -10,10 +10,11 @@ function               op                               blocks along
 ``quantize_both``      ``mx::quantize_both``            both of the above
 =====================  ===============================  ==========================
 
-All three are bit-identical to :func:`mx_core.quantize`. Triton runs fp8_e4m3 and
-fp8_e5m2 in every scale mode for power-of-two block sizes up to 128; other formats and
-block sizes run mx-core's reference on the same device (``backend="auto"`` logs that
-choice once; ``backend="triton"`` raises instead).
+All three are bit-identical to :func:`mx_core.quantize`. Triton runs every format and
+scale mode for power-of-two block sizes up to 128 (fp6/fp4 codes are built in integer
+arithmetic; fp8 uses the GPU's conversion); other block sizes run mx-core's reference
+on the same device (``backend="auto"`` logs that choice once; ``backend="triton"``
+raises instead).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mx_kernels.backend import BACKENDS, interpreter_enabled, resolve_backend
 __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
 
 logger = logging.getLogger("mx_kernels")
-_TRITON_FORMATS = ("fp8_e4m3", "fp8_e5m2")
+_TRITON_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1")
 _TRITON_BLOCK_SIZES = (2, 4, 8, 16, 32, 64, 128)
 _LOGGED: set[tuple[str, str, int]] = set()
 
@@ -126,6 +127,8 @@ def _launch(
         MAX_NORMAL=fmt.max_normal,
         MAX_FRAC=fmt.max_normal_mantissa_bits,
         EMIN=fmt.emin,
+        BITS=fmt.bits,
+        PACK=2 if fmt.is_packed else 1,
         HW_ROUND=(x2d.device.type == "cuda") if hw_round is None else hw_round,
         ROWWISE=rowwise,
         COLWISE=colwise,

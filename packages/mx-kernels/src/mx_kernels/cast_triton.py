@@ -4,8 +4,8 @@ Every kernel loads a [BLOCK_M, BLOCK_K] tile of the high-precision input once, f
 each MX block's amax as an integer max over the fp32 bit patterns with the sign cleared
 (NaN > Inf > any finite number in that order, so non-finite blocks are found for free),
 derives the E8M0 exponent with the integer formulas of :mod:`mx_core.scale`, and
-writes fp8 codes and scale bytes. The results are bit-identical to
-:func:`mx_core.quantize`.
+writes element codes (fp8; fp6 one per byte; fp4 two per byte, low nibble first) and
+scale bytes. The results are bit-identical to :func:`mx_core.quantize`.
 
 Outputs are passed as uint8 views (Triton's interpreter rejects float8_e8m0fnu args).
 """
@@ -22,8 +22,9 @@ MODE_EVEN = tl.constexpr(2)
 MODE_RCEIL = tl.constexpr(3)
 FMT_E4M3 = tl.constexpr(0)
 FMT_E5M2 = tl.constexpr(1)
+FMT_CODES = tl.constexpr(2)  # fp6 / fp4: codes built in integer arithmetic
 MODE_IDS = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
-FMT_IDS = {"fp8_e4m3": 0, "fp8_e5m2": 1}
+FMT_IDS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "fp6_e2m3": 2, "fp6_e3m2": 2, "fp4_e2m1": 2}
 
 
 @triton.jit
@@ -42,6 +43,21 @@ def _round_to_grid(x, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_NORMAL: tl.co
 
 
 @triton.jit
+def _encode_codes(r, MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr):
+    """Codes (uint8, sign in bit BITS-1) of fp32 values already on the element grid."""
+    r_bits = r.to(tl.int32, bitcast=True)
+    a = tl.abs(r)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    normal = e >= EMIN
+    e_field = tl.where(normal, e - EMIN + 1, 0)
+    frac_normal = (a.to(tl.int32, bitcast=True) >> (23 - MBITS)) & ((1 << MBITS) - 1)
+    frac_sub = (a * (2.0 ** (MBITS - EMIN))).to(tl.int32)  # a / smallest subnormal
+    frac = tl.where(normal, frac_normal, frac_sub)
+    sign = (r_bits >> 31) & 1
+    return ((sign << (BITS - 1)) | (e_field << MBITS) | frac).to(tl.uint8)
+
+
+@triton.jit
 def _mx_block_cast(
     blocks,
     AXIS: tl.constexpr,
@@ -52,14 +68,15 @@ def _mx_block_cast(
     MAX_NORMAL: tl.constexpr,
     MAX_FRAC: tl.constexpr,
     EMIN: tl.constexpr,
+    BITS: tl.constexpr,
     HW_ROUND: tl.constexpr,
 ):
     """Quantize ``blocks`` (fp32, one MX block along ``AXIS``) -> (codes u8, scale u8).
 
     The scale keeps ``AXIS`` with size 1. EMAX, MBITS, MAX_NORMAL and MAX_FRAC (the fp32
-    fraction field of MAX_NORMAL) and EMIN (exponent of the smallest normal) describe the
-    element format. HW_ROUND lets the fp32 -> fp8 conversion round (GPUs); otherwise
-    values are rounded in fp32 arithmetic first (the interpreter).
+    fraction field of MAX_NORMAL), EMIN (exponent of the smallest normal) and BITS describe
+    the element format. HW_ROUND lets the fp32 -> fp8 conversion round (GPUs); otherwise,
+    and always for fp6/fp4, values are rounded in fp32 arithmetic.
     """
     bits = blocks.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax_bits = tl.max(bits, axis=AXIS, keep_dims=True)
@@ -77,6 +94,9 @@ def _mx_block_cast(
     # 2^-e from its fp32 bits; only e = 127 would need the subnormal 2^-127.
     inv_bits = tl.where(e == 127, 1 << 22, (127 - e) << 23)
     scaled = blocks * inv_bits.to(tl.float32, bitcast=True)
+    if FMT == FMT_CODES:
+        codes = _encode_codes(_round_to_grid(scaled, MBITS, EMIN, MAX_NORMAL), MBITS, EMIN, BITS)
+        return tl.where(nonfinite, 0, codes), scale  # no NaN code: the scale says NaN
     if HW_ROUND:
         # The hardware conversion rounds to nearest even; clamping makes it saturate.
         scaled = tl.minimum(tl.maximum(scaled, -MAX_NORMAL), MAX_NORMAL)
@@ -95,18 +115,28 @@ def _mx_block_cast(
 
 
 @triton.jit
+def _pack(codes, PACK: tl.constexpr):
+    """[R, C] uint8 codes -> [R, C // PACK]: PACK = 2 puts pairs in one byte, low first."""
+    if PACK == 1:
+        return codes
+    low, high = tl.split(tl.reshape(codes, (codes.shape[0], codes.shape[1] // 2, 2)))
+    return low | (high << 4)
+
+
+@triton.jit
 def mx_cast_kernel(
     x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr,
     M, K, stride_xm, stride_xk,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr,
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
-    MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr,
-    HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
+    PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_K] tile of x [M, K]: rowwise and/or columnwise MX cast.
 
-    Rowwise writes q [M, K] and s [M, K // BS]; columnwise writes the row-major cast of
-    x^T: q_t [K, M] and s_t [K, M // BS]. All outputs are contiguous uint8 views.
+    Rowwise writes q [M, K // PACK] and s [M, K // BS]; columnwise writes the row-major
+    cast of x^T: q_t [K, M // PACK] and s_t [K, M // BS]. PACK = 2 packs fp4 codes two per
+    byte along the blocked dim. All outputs are contiguous uint8 views.
     """
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -118,10 +148,12 @@ def mx_cast_kernel(
     if ROWWISE:
         blocks = tl.reshape(x, (BLOCK_M, BLOCK_K // BS, BS))
         codes, scale = _mx_block_cast(
-            blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, HW_ROUND
+            blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND
         )
-        tl.store(q_row_ptr + offs_m[:, None] * K + offs_k[None, :],
-                 tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask=mask)
+        codes = _pack(tl.reshape(codes, (BLOCK_M, BLOCK_K)), PACK)
+        offs_q = pid_k * (BLOCK_K // PACK) + tl.arange(0, BLOCK_K // PACK)
+        q_mask = (offs_m[:, None] < M) & (offs_q[None, :] < K // PACK)
+        tl.store(q_row_ptr + offs_m[:, None] * (K // PACK) + offs_q[None, :], codes, mask=q_mask)
         offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
         s_mask = (offs_m[:, None] < M) & (offs_s[None, :] < K // BS)
         tl.store(s_row_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :],
@@ -129,11 +161,12 @@ def mx_cast_kernel(
     if COLWISE:
         blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
         codes, scale = _mx_block_cast(
-            blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, HW_ROUND
+            blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND
         )
-        codes_t = tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K)))
-        mask_t = (offs_k[:, None] < K) & (offs_m[None, :] < M)
-        tl.store(q_col_ptr + offs_k[:, None] * M + offs_m[None, :], codes_t, mask=mask_t)
+        codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
+        offs_q = pid_m * (BLOCK_M // PACK) + tl.arange(0, BLOCK_M // PACK)
+        mask_t = (offs_k[:, None] < K) & (offs_q[None, :] < M // PACK)
+        tl.store(q_col_ptr + offs_k[:, None] * (M // PACK) + offs_q[None, :], codes_t, mask=mask_t)
         offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
         s_mask = (offs_k[:, None] < K) & (offs_s[None, :] < M // BS)
         scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))
