@@ -84,3 +84,15 @@ def test_numerics_report_runs():
         text=True,
     ).stdout
     assert "semantics table: 320/320 cases as specified" in out
+
+
+@pytest.mark.parametrize("script", ["casts.py", "gemm.py", "linear.py"])
+def test_benchmarks_import_and_parse_arguments(script):
+    # They only run on a GPU; this catches a broken import or argument parser here.
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools/bench" / script), "--help"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "--quick" in out

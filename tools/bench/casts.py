@@ -13,11 +13,11 @@ Writes the table to $OUT/casts.md too when OUT is set.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 import triton
+from report import publish
 
 import mx_core
 import mx_kernels
@@ -213,11 +213,7 @@ def main(argv=None) -> int:
         lines.append(
             f"| {shape} | {kind} | {label} | {ms:.3f} | {bw:.2f} | {ratio:.3f} | {verdict} |"
         )
-    table = "\n".join(lines)
-    print(table)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "casts.md"), "w") as f:
-            f.write(table + "\n")
+    publish("\n".join(lines), "casts.md")
     return 1 if failures else 0
 
 

@@ -25,7 +25,6 @@ Usage (from the repository root, on a GPU machine)::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -38,6 +37,7 @@ sys.path[:0] = [str(ROOT / "packages/mx-core/src"), str(ROOT / "packages/mx-kern
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from report import publish  # noqa: E402
 
 import mx_kernels  # noqa: E402
 from mx_core import quantize  # noqa: E402
@@ -204,12 +204,7 @@ def main() -> int:
     for m, k, n in QUICK_SHAPES if opts.quick else SHAPES:
         rows += bench_shape(m, k, n, opts.fmt)
         torch.cuda.empty_cache()
-    table = markdown(rows, header)
-    print("\n" + table)
-    if os.environ.get("OUT"):
-        path = Path(os.environ["OUT"]) / "gemm.md"
-        path.write_text(table)
-        print(f"wrote {path}")
+    publish(markdown(rows, header), "gemm.md")
     bad = [r for r in rows if r.rel_err is not None and r.rel_err > MAX_REL_ERR]
     # A single config may exceed the GPU's resources; the autotuned path must not fail.
     must_run = ("autotuned", "backend=auto")

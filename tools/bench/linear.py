@@ -14,11 +14,11 @@ Writes the table to $OUT/linear.md too when OUT is set.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 import triton
+from report import publish
 
 import mx_nn
 from mx_core.testing import sqnr_db
@@ -103,11 +103,7 @@ def main(argv=None) -> int:
             f"| {shape} | {mode} | {t_ref:.3f} | {t_mx:.3f} | {ratio:.2f} | "
             f"{m_ref:.0f} | {m_mx:.0f} | {sqnr:.1f} |"
         )
-    table = "\n".join(lines)
-    print(table)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "linear.md"), "w") as f:
-            f.write(table + "\n")
+    publish("\n".join(lines), "linear.md")
     return 0 if ok else 1
 
 
