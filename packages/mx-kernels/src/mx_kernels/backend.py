@@ -4,7 +4,7 @@ silently.
 ``"auto"`` picks Triton for CUDA tensors and the pure-PyTorch reference elsewhere;
 ``"triton"`` forces Triton, which on CPU tensors needs ``TRITON_INTERPRET=1`` (how CI
 tests the kernels); ``"reference"`` forces mx-core's reference. Each (op, backend,
-device type) choice is logged once at INFO on the ``mx_kernels`` logger.
+device type, reason) choice is logged once at INFO on the ``mx_kernels`` logger.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ __all__ = [
     "BACKENDS",
     "MATMUL_BACKENDS",
     "interpreter_enabled",
+    "log_choice",
     "resolve_backend",
     "resolve_matmul_backend",
     "triton_available",
@@ -48,14 +49,15 @@ def triton_available() -> bool:
     return True
 
 
-def _log_once(op: str, backend: str, device_type: str, why: str) -> None:
-    key = (op, backend, device_type)
+def log_choice(op: str, backend: str, device_type: str, why: str) -> None:
+    """Log at INFO, once per distinct choice and reason, which backend ``op`` runs."""
+    key = (op, backend, device_type, why)
     if key not in _LOGGED:
         _LOGGED.add(key)
         logger.info("mx_kernels.%s: %s backend on %s (%s)", op, backend, device_type, why)
 
 
-_LOGGED: set[tuple[str, str, str]] = set()
+_LOGGED: set[tuple[str, str, str, str]] = set()
 
 
 def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKENDS) -> str:
@@ -69,10 +71,10 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
     if backend not in allowed:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(allowed)}")
     if backend == "reference":
-        _log_once(op, "reference", device.type, "requested")
+        log_choice(op, "reference", device.type, "requested")
         return "reference"
     if backend == "auto" and device.type != "cuda":
-        _log_once(op, "reference", device.type, "auto: not a CUDA tensor")
+        log_choice(op, "reference", device.type, "auto: not a CUDA tensor")
         return "reference"
     if not triton_available():
         raise RuntimeError(
@@ -84,7 +86,7 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
             f"{op}: backend='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 "
             "(Triton's interpreter); use a CUDA tensor or backend='reference'"
         )
-    _log_once(op, "triton", device.type, backend)
+    log_choice(op, "triton", device.type, backend)
     return "triton"
 
 
@@ -105,14 +107,14 @@ def resolve_matmul_backend(
     if backend not in MATMUL_BACKENDS:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(MATMUL_BACKENDS)}")
     if backend == "emulated" or (backend == "auto" and device.type != "cuda"):
-        _log_once(op, "emulated", device.type, backend if backend != "auto" else "auto: not CUDA")
+        log_choice(op, "emulated", device.type, backend if backend != "auto" else "auto: not CUDA")
         return "emulated"
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     where = f"sm{capability[0]}{capability[1]}" if capability else f"a {device.type} tensor"
     why = backend
     if backend == "auto":
         if capability >= (10, 0) and cublas_unsupported is None:
-            _log_once(op, "cublas", device.type, "auto: sm100+")
+            log_choice(op, "cublas", device.type, "auto: sm100+")
             return "cublas"
         backend = "triton"
         why = f"auto: {cublas_unsupported}" if capability >= (10, 0) else "auto: sm90"
@@ -122,7 +124,7 @@ def resolve_matmul_backend(
                 f"{op}: backend='cublas' (cuBLAS MX block scaling) needs a CUDA device of "
                 f"compute capability >= 10.0, got {where}; use backend='triton' or 'emulated'"
             )
-        _log_once(op, "cublas", device.type, why)
+        log_choice(op, "cublas", device.type, why)
         return "cublas"
     if capability is not None and capability < (9, 0):
         raise RuntimeError(
@@ -136,5 +138,5 @@ def resolve_matmul_backend(
         )
     if not triton_available():
         raise RuntimeError(f"{op}: backend='triton' needs triton, which is not installed")
-    _log_once(op, "triton", device.type, why)
+    log_choice(op, "triton", device.type, why)
     return "triton"

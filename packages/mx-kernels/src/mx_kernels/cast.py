@@ -19,25 +19,18 @@ raises instead).
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 import mx_core
 from mx_core import ElementFormat, get_format, get_scale_mode
-from mx_kernels.backend import BACKENDS, interpreter_enabled, resolve_backend
+from mx_kernels.backend import BACKENDS, interpreter_enabled, log_choice, resolve_backend
 
 __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
 
-logger = logging.getLogger("mx_kernels")
-_TRITON_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1")
 _TRITON_BLOCK_SIZES = (2, 4, 8, 16, 32, 64, 128)
-_LOGGED: set[tuple[str, str, int]] = set()
 
 
-def _triton_gap(fmt: ElementFormat, block_size: int) -> str | None:
-    if fmt.name not in _TRITON_FORMATS:
-        return f"fmt={fmt.name!r} has no Triton cast (Triton: {', '.join(_TRITON_FORMATS)})"
+def _triton_gap(block_size: int) -> str | None:
     if block_size not in _TRITON_BLOCK_SIZES:
         return f"block_size={block_size} has no Triton cast (Triton: {_TRITON_BLOCK_SIZES})"
     return None
@@ -45,14 +38,12 @@ def _triton_gap(fmt: ElementFormat, block_size: int) -> str | None:
 
 def _choose(op: str, backend: str, x: torch.Tensor, fmt: ElementFormat, block_size: int) -> str:
     impl = resolve_backend(op, backend, x.device)
-    gap = _triton_gap(fmt, block_size) if impl == "triton" else None
+    gap = _triton_gap(block_size) if impl == "triton" else None
     if gap is None:
         return impl
     if backend == "triton":
         raise ValueError(f"{op}: backend='triton' cannot run this cast: {gap}")
-    if (op, fmt.name, block_size) not in _LOGGED:
-        _LOGGED.add((op, fmt.name, block_size))
-        logger.info("mx_kernels.%s: reference backend on %s (%s)", op, x.device.type, gap)
+    log_choice(op, "reference", x.device.type, gap)
     return "reference"
 
 
