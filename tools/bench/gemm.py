@@ -6,7 +6,8 @@ For each shape (M, K, N), ``x`` [M, K] and ``w`` [N, K] are random bf16, quantiz
 - bf16 cuBLAS ``x @ w.t()`` (the baseline of every ratio),
 - fp8 ``torch._scaled_mm`` with rowwise fp32 scales (the fp8 ceiling; fast accumulation
   on and off),
-- each Triton design (``dot_scaled``, ``fp8_mma``): every autotune config on its own,
+- each Triton design (``dot_scaled``, ``fp8_mma``, ``dequant_bf16``): every autotune
+  config on its own,
   then the autotuned launcher, each checked against the emulated backend,
 - ``mx_kernels.scaled_mm`` with ``backend="auto"`` (what users get),
 - the cuBLAS MX GEMM where the GPU is sm100+.
@@ -47,6 +48,7 @@ from mx_kernels.matmul import scaled_mm_cublas, scaled_mm_reference  # noqa: E40
 SHAPES = [(8192, 8192, 8192), (16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096)]
 QUICK_SHAPES = [(2048, 2048, 2048)]
 MAX_REL_ERR = 1e-2  # against the emulated backend, bf16 output
+BASELINE = "bf16 cuBLAS x @ w.t()"  # every ratio's denominator
 
 
 @dataclass
@@ -91,12 +93,38 @@ def _measure(rows: list[Row], row: Row, fn: Callable[[], torch.Tensor], ref=None
     print(_format_row(row, None), flush=True)
 
 
-def bench_shape(m: int, k: int, n: int, fmt: str) -> list[Row]:
+def check_dequant() -> list[str]:
+    """The Triton dequantize bit-exact with ``MXTensor.dequantize`` on the GPU, and the
+    dequant_bf16 design's fp32 and fp16 outputs against the emulated backend."""
+    failures = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(544, 1056, device="cuda", generator=g)
+    x = x * torch.exp2(torch.randint(-20, 20, (544, 1), device="cuda", generator=g))
+    for fmt in ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1"):
+        t = quantize(x, fmt)
+        for dtype in (torch.bfloat16, torch.float32):
+            got = mx_kernels.dequantize_rowwise(t.qdata, t.scale, fmt, out_dtype=dtype)
+            if not torch.equal(got, t.dequantize(dtype)):
+                failures.append(f"dequantize_rowwise {fmt} -> {dtype}")
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2**-10)):
+        # fp32: rows 2^+-20 apart and a small A; fp16: plain randn, inside its range.
+        y, shift = (x, 2**-20) if dtype == torch.float32 else (torch.randn_like(x), 1.0)
+        a, b = quantize(y[:, :1024] * shift, "fp8_e4m3"), quantize(y[:512, :1024], "fp8_e5m2")
+        args = (a.qdata, a.scale, b.qdata, b.scale)
+        ref = scaled_mm_reference(*args, torch.float32)
+        out = matmul_triton.scaled_mm_triton(*args, dtype, design="dequant_bf16")
+        if out.dtype != dtype or _rel_err(out, ref) > tol:
+            failures.append(f"dequant_bf16 -> {dtype}: rel err {_rel_err(out, ref):.2e}")
+    print(f"dequantize / dequant_bf16 checks: {failures or 'all passed'}", flush=True)
+    return failures
+
+
+def bench_shape(m: int, k: int, n: int, fmt: str, designs: list[str]) -> list[Row]:
     shape = (m, k, n)
     rows: list[Row] = []
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    _measure(rows, Row(shape, "bf16 cuBLAS x @ w.t()"), lambda: x @ w.t())
+    _measure(rows, Row(shape, BASELINE), lambda: x @ w.t())
 
     # fp8 rowwise: per-row fp32 scales of x and of w (the fp8 ceiling on sm90).
     e4m3 = torch.float8_e4m3fn
@@ -115,7 +143,11 @@ def bench_shape(m: int, k: int, n: int, fmt: str) -> list[Row]:
     a, b = quantize(x, fmt), quantize(w, fmt)
     args = (a.qdata, a.scale, b.qdata, b.scale)
     ref = scaled_mm_reference(*args, torch.float32)
-    for design in matmul_triton.DESIGNS:
+    # The same bf16 GEMM on MX-valued operands (few mantissa bits set): the GPU's clock
+    # under its power limit depends on the data, which moves the dequant_bf16 ratio.
+    xq, wq = a.dequantize(torch.bfloat16), b.dequantize(torch.bfloat16)
+    _measure(rows, Row(shape, "bf16 cuBLAS on the dequantized x, w"), lambda: xq @ wq.t())
+    for design in designs:
         impl = f"triton {design}"
         for config in matmul_triton.configs(design):
             _measure(
@@ -179,7 +211,7 @@ def markdown(rows: list[Row], header: str) -> str:
         "| M x K x N | implementation | config | ms | TFLOP/s | vs bf16 | rel err | note |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
-    bf16 = {r.shape: r.ms for r in rows if r.impl.startswith("bf16")}
+    bf16 = {r.shape: r.ms for r in rows if r.impl == BASELINE}
     lines += [_format_row(r, bf16.get(r.shape)) for r in rows]
     return "\n".join(lines) + "\n"
 
@@ -188,6 +220,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small shape (smoke test)")
     parser.add_argument("--fmt", default="fp8_e4m3", help="MX element format of x and w")
+    parser.add_argument(
+        "--designs",
+        default=",".join(matmul_triton.DESIGNS),
+        help="comma-separated Triton designs to time (default: all)",
+    )
     opts = parser.parse_args()
     if not torch.cuda.is_available():
         print("gemm.py needs a CUDA GPU", file=sys.stderr)
@@ -200,9 +237,10 @@ def main() -> int:
         f"torch {torch.__version__}, triton {triton.__version__}"
     )
     print(header, flush=True)
+    check_failures = check_dequant()
     rows: list[Row] = []
     for m, k, n in QUICK_SHAPES if opts.quick else SHAPES:
-        rows += bench_shape(m, k, n, opts.fmt)
+        rows += bench_shape(m, k, n, opts.fmt, opts.designs.split(","))
         torch.cuda.empty_cache()
     publish(markdown(rows, header), "gemm.md")
     bad = [r for r in rows if r.rel_err is not None and r.rel_err > MAX_REL_ERR]
@@ -213,7 +251,7 @@ def main() -> int:
         print(f"FAILED: {r.impl} {r.config} at {r.shape}: rel err {r.rel_err:.2e} > {MAX_REL_ERR}")
     for r in failed:
         print(f"FAILED: {r.impl} {r.config} at {r.shape}: {r.note}")
-    return 1 if bad or failed else 0
+    return 1 if bad or failed or check_failures else 0
 
 
 if __name__ == "__main__":

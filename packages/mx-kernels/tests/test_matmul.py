@@ -33,8 +33,13 @@ FORMAT_PAIRS = [
     ("fp4_e2m1", "fp8_e4m3"),
 ]
 # (backend, Triton design): each Triton design is its own implementation under test.
-IMPLS = [("emulated", None), ("triton", "dot_scaled"), ("triton", "fp8_mma")]
-IMPL_IDS = ["emulated", "triton-dot_scaled", "triton-fp8_mma"]
+IMPLS = [
+    ("emulated", None),
+    ("triton", "dot_scaled"),
+    ("triton", "fp8_mma"),
+    ("triton", "dequant_bf16"),
+]
+IMPL_IDS = ["emulated", "triton-dot_scaled", "triton-fp8_mma", "triton-dequant_bf16"]
 FP32_RTOL = 1e-5  # fp32 accumulation of exact products: ~1e-7 in practice
 OUT_RTOL = {torch.bfloat16: 2**-8, torch.float16: 2**-11}  # one rounding of the result
 
@@ -93,13 +98,18 @@ def test_half_precision_out(a_fmt, b_fmt, out_dtype, impl, monkeypatch):
 @pytest.mark.parametrize("a_dtype,b_dtype", [(torch.float8_e4m3fn, torch.float8_e5m2)])
 def test_extreme_scale_bytes(a_dtype, b_dtype, impl, monkeypatch):
     """Scale bytes drawn directly: a's from 0 (2^-127, an fp32 subnormal) to 100, b's up
-    to 246, so single scales are far out of range while their products stay normal."""
+    to 246, so single scales are far out of range while their products stay normal.
+
+    Design dequant_bf16 holds the dequantized operands in bf16, whose subnormals end at
+    2^-133: its a bytes start at 3, where e4m3's smallest step (2^-9) times the scale
+    is still a bf16 (documented in mx_kernels.matmul_triton)."""
     m, k, n = 40, 256, 48
+    low = 3 if impl[1] == "dequant_bf16" else 0
     g = torch.Generator().manual_seed(1)
     a_q = torch.randn(m, k, generator=g).mul(64).clamp(-448, 448).to(a_dtype)
     b_q = torch.randn(n, k, generator=g).mul(64).clamp(-448, 448).to(b_dtype)
-    a_bytes = torch.randint(0, 101, (m, k // 32), generator=g, dtype=torch.uint8)
-    a_bytes[0] = 0  # a whole row of 2^-127
+    a_bytes = torch.randint(low, 101, (m, k // 32), generator=g, dtype=torch.uint8)
+    a_bytes[0] = low  # a whole row of the smallest scale
     b_bytes = torch.randint(134, 247, (n, k // 32), generator=g, dtype=torch.uint8)
     e8 = torch.float8_e8m0fnu
     a = MXTensor(qdata=a_q, scale=a_bytes.view(e8), fmt=_fmt(a_dtype), block_size=32, dim=1,
@@ -218,6 +228,19 @@ def test_unknown_design(monkeypatch):
     monkeypatch.setenv("MX_KERNELS_MM_DESIGN", "wgmma")
     with pytest.raises(ValueError, match="MX_KERNELS_MM_DESIGN='wgmma'"):
         scaled_mm(**_good(), backend="triton")
+
+
+@pytest.mark.parametrize("design", [None, "fp8_mma"])
+def test_triton_design_is_logged(design, monkeypatch, caplog):
+    monkeypatch.setattr(backend_mod, "_LOGGED", set())
+    if design is None:
+        monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    else:
+        monkeypatch.setenv("MX_KERNELS_MM_DESIGN", design)
+    with caplog.at_level(logging.INFO, logger="mx_kernels"):
+        scaled_mm(**_good(), backend="triton")
+    expected = design or mx_kernels.matmul.DEFAULT_DESIGN
+    assert f"scaled_mm: triton design {expected} backend on cpu" in caplog.text
 
 
 def test_auto_is_emulated_on_cpu_and_logged_once(monkeypatch, caplog):

@@ -50,7 +50,7 @@ def _choose(op: str, backend: str, x: torch.Tensor, fmt: ElementFormat, block_si
 # (BLOCK_M, BLOCK_K, num_warps) per cast kind: the best of tools/bench/casts.py --sweep
 # on the H200 at the benchmark shapes (BENCHMARKS.md). Tiles grow to hold one MX block.
 TILE_CONFIGS: dict[str, tuple[int, int, int]] = {
-    "rowwise": (16, 512, 4),
+    "rowwise": (8, 1024, 4),
     # Two warps on 64x128: each thread has sixteen 16-byte loads in flight, twice as many
     # as with four warps; measured 0.74 of copy bandwidth against 0.48 at 16384x8192.
     "colwise": (64, 128, 2),

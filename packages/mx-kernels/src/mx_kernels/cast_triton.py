@@ -96,31 +96,32 @@ def _mx_block_cast(
     scaled = blocks * inv_bits.to(tl.float32, bitcast=True)
     if FMT == FMT_CODES:
         codes = _encode_codes(_round_to_grid(scaled, MBITS, EMIN, MAX_NORMAL), MBITS, EMIN, BITS)
-        return tl.where(nonfinite, 0, codes), scale  # no NaN code: the scale says NaN
-    if HW_ROUND:
-        # The hardware conversion rounds to nearest even; clamping makes it saturate.
-        scaled = tl.minimum(tl.maximum(scaled, -MAX_NORMAL), MAX_NORMAL)
+        codes = tl.where(nonfinite, 0, codes).to(tl.uint8)  # no NaN code: the scale says NaN
     else:
-        # Round in fp32 so that the conversion below is exact. Triton's interpreter drops
-        # the carry when fp32 -> fp8 rounding overflows the mantissa (127.3 -> 64, not
-        # 128): triton-lang/triton#8322, fix proposed in triton-lang/triton#11897.
-        scaled = _round_to_grid(scaled, MBITS, EMIN, MAX_NORMAL)
-    if FMT == FMT_E4M3:
-        q = scaled.to(tl.float8e4nv)
-    else:
-        q = scaled.to(tl.float8e5)
-    codes = q.to(tl.uint8, bitcast=True)
-    codes = tl.where(nonfinite, 0x7F, codes)
-    return codes, scale
+        if HW_ROUND:
+            # The hardware conversion rounds to nearest even; clamping makes it saturate.
+            scaled = tl.minimum(tl.maximum(scaled, -MAX_NORMAL), MAX_NORMAL)
+        else:
+            # Round in fp32 so that the conversion below is exact. Triton's interpreter
+            # drops the carry when fp32 -> fp8 rounding overflows the mantissa (127.3 ->
+            # 64, not 128): triton-lang/triton#8322, fix proposed in triton-lang/triton#11897.
+            scaled = _round_to_grid(scaled, MBITS, EMIN, MAX_NORMAL)
+        if FMT == FMT_E4M3:
+            q = scaled.to(tl.float8e4nv)
+        else:
+            q = scaled.to(tl.float8e5)
+        codes = tl.where(nonfinite, 0x7F, q.to(tl.uint8, bitcast=True)).to(tl.uint8)
+    return codes, scale  # one return: see _pack
 
 
 @triton.jit
 def _pack(codes, PACK: tl.constexpr):
     """[R, C] uint8 codes -> [R, C // PACK]: PACK = 2 puts pairs in one byte, low first."""
-    if PACK == 1:
-        return codes
-    low, high = tl.split(tl.reshape(codes, (codes.shape[0], codes.shape[1] // 2, 2)))
-    return low | (high << 4)
+    # One return: triton 3.6 rejects returns of different shapes even under a constexpr if.
+    if PACK == 2:
+        low, high = tl.split(tl.reshape(codes, (codes.shape[0], codes.shape[1] // 2, 2)))
+        codes = low | (high << 4)
+    return codes
 
 
 @triton.jit
@@ -156,18 +157,21 @@ def mx_cast_kernel(
         tl.store(q_row_ptr + offs_m[:, None] * (K // PACK) + offs_q[None, :], codes, mask=q_mask)
         offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
         s_mask = (offs_m[:, None] < M) & (offs_s[None, :] < K // BS)
-        tl.store(s_row_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :],
-                 tl.reshape(scale, (BLOCK_M, BLOCK_K // BS)), mask=s_mask)
+        tl.store(
+            s_row_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :],
+            tl.reshape(scale, (BLOCK_M, BLOCK_K // BS)),
+            mask=s_mask,
+        )
     if COLWISE:
         blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
         codes, scale = _mx_block_cast(
             blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND
         )
         codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
+        scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))
         offs_q = pid_m * (BLOCK_M // PACK) + tl.arange(0, BLOCK_M // PACK)
         mask_t = (offs_k[:, None] < K) & (offs_q[None, :] < M // PACK)
         tl.store(q_col_ptr + offs_k[:, None] * (M // PACK) + offs_q[None, :], codes_t, mask=mask_t)
         offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
         s_mask = (offs_k[:, None] < K) & (offs_s[None, :] < M // BS)
-        scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))
         tl.store(s_col_ptr + offs_k[:, None] * (M // BS) + offs_s[None, :], scale_t, mask=s_mask)

@@ -19,8 +19,10 @@ Backends (``backend=``; the choice is logged once at INFO, nothing falls back si
 - ``"cublas"``: ``torch._scaled_mm`` with the scales in cuBLAS's blocked layout
   (sm100+ only). The auto choice on sm100+ where cuBLAS takes the inputs.
 - ``"triton"``: :mod:`mx_kernels.matmul_triton` (sm90+, or CPU under
-  ``TRITON_INTERPRET=1``). The auto choice on sm90. Its kernel design comes from the
-  ``MX_KERNELS_MM_DESIGN`` environment variable: ``dot_scaled`` (default) or ``fp8_mma``.
+  ``TRITON_INTERPRET=1``). The auto choice on sm90. Its design comes from the
+  ``MX_KERNELS_MM_DESIGN`` environment variable: ``dequant_bf16`` (default),
+  ``dot_scaled`` or ``fp8_mma`` (:mod:`mx_kernels.matmul_triton` describes each); the
+  design that ran is logged once.
 
 The op is ``mx::scaled_mm(a_bytes, a_scale_bytes, a_fmt, b_bytes, b_scale_bytes, b_fmt,
 out_dtype, backend)``: every tensor a uint8 view, formats by mx-core name.
@@ -34,10 +36,11 @@ from dataclasses import dataclass
 import torch
 
 from mx_core import MXTensor
-from mx_kernels.backend import MATMUL_BACKENDS, resolve_matmul_backend
+from mx_kernels.backend import MATMUL_BACKENDS, log_choice, resolve_matmul_backend
 from mx_kernels.swizzle import swizzle_scales
 
 __all__ = [
+    "DEFAULT_DESIGN",
     "OUT_DTYPES",
     "CublasArgs",
     "check_scaled_mm_args",
@@ -62,6 +65,15 @@ _EXPECTED_DTYPES = (
     "float8_e4m3fn, float8_e5m2, or fp4_e2m1 packed two per byte (uint8 or float4_e2m1fn_x2)"
 )
 _DESIGN_ENV = "MX_KERNELS_MM_DESIGN"
+_DESIGNS = ("dot_scaled", "fp8_mma", "dequant_bf16")  # matmul_triton.DESIGNS, without triton
+DEFAULT_DESIGN = "dequant_bf16"
+"""Design of the ``"triton"`` backend unless ``MX_KERNELS_MM_DESIGN`` names another: the
+fastest on the H200 at every benchmark shape (BENCHMARKS.md)."""
+_DESIGN_WHY = {
+    "dot_scaled": "tl.dot_scaled kernel",
+    "fp8_mma": "fp8 MMA per 32-K block + fp32 rescale kernel",
+    "dequant_bf16": "Triton dequantize to bf16, then a bf16 GEMM (cuBLAS on CUDA)",
+}
 
 
 def scaled_mm(
@@ -203,9 +215,11 @@ def _scaled_mm_op(
         return scaled_mm_cublas(a_q, a_scale, b_q, b_scale, out_dtype)
     from mx_kernels.matmul_triton import scaled_mm_triton  # imports triton: only when used
 
-    design = os.environ.get(_DESIGN_ENV, "dot_scaled")
-    if design not in ("dot_scaled", "fp8_mma"):
-        raise ValueError(f"scaled_mm: {_DESIGN_ENV}={design!r}; allowed: dot_scaled, fp8_mma")
+    design = os.environ.get(_DESIGN_ENV, DEFAULT_DESIGN)
+    if design not in _DESIGNS:
+        allowed = ", ".join(_DESIGNS)
+        raise ValueError(f"scaled_mm: {_DESIGN_ENV}={design!r}; allowed: {allowed}")
+    log_choice("scaled_mm", f"triton design {design}", a_q.device.type, _DESIGN_WHY[design])
     return scaled_mm_triton(a_q, a_scale, b_q, b_scale, out_dtype, design=design)
 
 

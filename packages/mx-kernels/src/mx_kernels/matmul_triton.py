@@ -6,7 +6,7 @@ pointer loads as uint8 (Triton's interpreter rejects float8_e8m0fnu kernel args)
 kernels are persistent: ``min(#SMs, #tiles)`` programs walk the output tiles in
 grouped order (GROUP_M tile rows at a time, so B tiles stay in L2).
 
-Two designs, selectable by ``design=`` (the benchmark measures both):
+Three designs, selectable by ``design=`` (the benchmark measures each):
 
 - ``"dot_scaled"``: ``tl.dot_scaled`` on [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles.
   On sm100 it is the native block-scaled MMA; on sm90 Triton upcasts both operands
@@ -16,6 +16,11 @@ Two designs, selectable by ``design=`` (the benchmark measures both):
   every block). fp4 operands are widened to e4m3 in registers (exact: e2m1 is a subset).
   The scales are read transposed, ``[K // 32, rows]``, so each block's scale vector is
   one contiguous load.
+- ``"dequant_bf16"``: the Triton dequantize (:mod:`mx_kernels.dequant`) writes both
+  operands in bf16 (exact unless a value is below 2^-133), then one bf16 GEMM with fp32
+  accumulation: cuBLAS on CUDA (``torch.mm``), an fp32 matmul under the interpreter.
+  Two extra passes over the operands, but the GEMM runs at the bf16 tensor-core rate,
+  which neither fused design reaches on sm90.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from mx_kernels.backend import interpreter_enabled
+from mx_kernels.dequant import dequantize_triton
+from mx_kernels.dequant_triton import e8m0_to_fp32, fp4x2_to_e4m3
 
 __all__ = ["DESIGNS", "TRITON_FORMATS", "autotuned_config", "configs", "scaled_mm_triton"]
 
-DESIGNS: tuple[str, ...] = ("dot_scaled", "fp8_mma")
+DESIGNS: tuple[str, ...] = ("dot_scaled", "fp8_mma", "dequant_bf16")
 """Kernel designs of the Triton backend."""
 
 TRITON_FORMATS = {
@@ -68,31 +75,6 @@ def _store_tile(c_ptr, acc, offs_m, offs_n, M, N, stride_cm):
     else:
         out = acc.to(c_ptr.dtype.element_ty)
     tl.store(ptrs, out, mask=mask)
-
-
-@triton.jit
-def _e8m0_to_fp32(byte):
-    """2^(byte - 127) as fp32, built in the exponent field: byte 0 is the subnormal
-    2^-127 (bit 22), byte 255 is NaN."""
-    b = byte.to(tl.int32)
-    bits = tl.where(b == 0, 1 << 22, b << 23)
-    bits = tl.where(b == 255, 0x7FC00000, bits)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _fp4x2_to_e4m3(packed):
-    """[R, C] packed fp4 bytes -> [R, 2C] float8e4nv of the same values (low nibble first).
-
-    e2m1 S.EE.M is 2^(E-1) * (1 + M/2) for E > 0 and M/2 for E = 0. e4m3 has bias 7, so
-    E > 0 maps to exponent E + 6 and mantissa M << 2, i.e. (EEM << 2) + (6 << 3), and
-    M/2 to 0 or 0x30 (0.5).
-    """
-    c = tl.join(packed & 0xF, packed >> 4).to(tl.int32)  # [R, C, 2]
-    magnitude = tl.where((c & 6) == 0, (c & 1) * 0x30, ((c & 7) << 2) + 0x30)
-    bits = ((c & 8) << 4) | magnitude
-    wide = tl.reshape(bits, (packed.shape[0], packed.shape[1] * 2))
-    return wide.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
 
 
 @triton.jit
@@ -152,9 +134,9 @@ def mx_mm_fp8_mma_kernel(
                 a = a_desc.load([pid_m * BLOCK_M, k // A_PACK])
                 b = b_desc.load([pid_n * BLOCK_N, k // B_PACK])
                 if A_PACK == 2:
-                    a = _fp4x2_to_e4m3(a)
+                    a = fp4x2_to_e4m3(a)
                 if B_PACK == 2:
-                    b = _fp4x2_to_e4m3(b)
+                    b = fp4x2_to_e4m3(b)
                 kb = k // MX_BLOCK
                 # A block past K (when BLOCK_K does not divide it) reads no scales.
                 m_end = tl.where(k < K, M, 0)
@@ -164,7 +146,7 @@ def mx_mm_fp8_mma_kernel(
                 partial = tl.dot(a, tl.trans(b))
                 # Scale product first: exact for any pair whose product is an fp32
                 # (2^-127 * 2^127 = 1 included), where partial * 2^-127 would round.
-                scale = _e8m0_to_fp32(sa)[:, None] * _e8m0_to_fp32(sb)[None, :]
+                scale = e8m0_to_fp32(sa)[:, None] * e8m0_to_fp32(sb)[None, :]
                 acc += partial * scale
         _store_tile(c_ptr, acc, offs_m, offs_n, M, N, stride_cm)
 
@@ -177,6 +159,8 @@ def _config(design: str, bm: int, bn: int, bk: int, warps: int, stages: int) -> 
 
 def configs(design: str) -> list[triton.Config]:
     """Autotune configs of ``design``; a single small one under the interpreter."""
+    if design == "dequant_bf16":
+        return []  # no GEMM kernel of its own to tune
     if interpreter_enabled():
         return [_config(design, 128, 256, 256, 4, 1)]
     if design == "dot_scaled":
@@ -240,6 +224,8 @@ def scaled_mm_triton(
     """
     if design not in DESIGNS:
         raise ValueError(f"design={design!r} is not one of {', '.join(DESIGNS)}")
+    if design == "dequant_bf16":
+        return _dequant_bf16_mm(a_q, a_scale, b_q, b_scale, out_dtype)
     a_q, b_q = _tma_ready(a_q), _tma_ready(b_q)
     a_pack, b_pack = (2 if t.dtype == torch.uint8 else 1 for t in (a_q, b_q))
     (m, k), n = (a_q.shape[0], a_q.shape[1] * a_pack), b_q.shape[0]
@@ -279,3 +265,22 @@ def scaled_mm_triton(
     kernel = mx_mm_dot_scaled_kernel if design == "dot_scaled" else mx_mm_fp8_mma_kernel
     kernel[grid](**args, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
     return out
+
+
+_DEQUANT_FORMATS = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "e2m1": "fp4_e2m1"}
+
+
+def _dequant_bf16_mm(a_q, a_scale, b_q, b_scale, out_dtype: torch.dtype) -> torch.Tensor:
+    """Design "dequant_bf16" (module doc)."""
+    a, b = (
+        dequantize_triton(
+            q.view(torch.uint8), s.view(torch.uint8), _DEQUANT_FORMATS[TRITON_FORMATS[q.dtype]],
+            MX_BLOCK.value, torch.bfloat16,
+        )
+        for q, s in ((a_q, a_scale), (b_q, b_scale))
+    )  # fmt: skip
+    if a.device.type != "cuda":
+        return (a.float() @ b.float().t()).to(out_dtype)  # bf16 values are exact in fp32
+    if out_dtype == torch.bfloat16:
+        return a @ b.t()
+    return torch.mm(a, b.t(), out_dtype=torch.float32).to(out_dtype)

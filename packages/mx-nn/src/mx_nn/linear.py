@@ -7,7 +7,8 @@ dY [M, N]); the cast of a tensor needed in both orientations is one pass
 - forward: X rowwise (or both, when ``save_mx_activations``), W both;
   Y = scaled_mm(X, W) (blocks along K).
 - backward: dY both; dX = scaled_mm(dY, W^T) (blocks along N, W's columnwise cast saved
-  from forward); dW = scaled_mm(dY^T, X^T) (blocks along M) or dY^T X in high precision.
+  from forward); dW = scaled_mm(dY^T, X^T) (blocks along M; X columnwise, cast again from
+  the saved X unless its MX cast was saved) or dY^T X in high precision.
 
 Rows are padded with zeros to a multiple of the block size where a cast runs along M
 (zeros add nothing to dW). fp6 formats and block sizes other than 32 have no MX GEMM:
@@ -35,6 +36,12 @@ _LOGGED: set[tuple[str, str]] = set()
 
 def _cast_rowwise(x: torch.Tensor, fmt: str, c: MXLinearConfig):
     return mx_kernels.quantize_rowwise(
+        x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend
+    )
+
+
+def _cast_colwise(x: torch.Tensor, fmt: str, c: MXLinearConfig):
+    return mx_kernels.quantize_colwise(
         x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend
     )
 
@@ -102,7 +109,7 @@ class _MXLinearFunction(torch.autograd.Function):
                     xt_q, xt_s = saved_x
                 else:
                     (x2,) = saved_x
-                    _, _, xt_q, xt_s = _cast_both(_pad_rows(x2, c.block_size), c.input_fmt, c)
+                    xt_q, xt_s = _cast_colwise(_pad_rows(x2, c.block_size), c.input_fmt, c)
                 grad_w = _gemm(
                     (dyt_q, dyt_s), c.grad_output_fmt, (xt_q, xt_s), c.input_fmt, ctx.w_dtype, c
                 )

@@ -1,0 +1,160 @@
+"""MX dequantize as a ``torch.library`` op: ``mx::dequantize_rowwise``.
+
+The inverse of :func:`mx_kernels.quantize_rowwise`: codes [..., K] (fp4: [..., K // 2])
+and E8M0 scales [..., K // block_size] back to [..., K] values in bf16, fp16 or fp32.
+Each value ``code * 2^(scale - 127)`` is computed exactly in fp32 and rounded once to
+the output dtype (so bf16 and fp32 outputs are exact for fp8 and fp4 codes unless a
+value falls below bf16's smallest subnormal, 2^-133). A NaN scale (byte 255) decodes its
+block to NaN. Triton runs fp8 and fp4 for power-of-two block sizes up to 128; fp6 and
+other block sizes run mx-core's reference (logged; ``backend="triton"`` raises).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mx_core import MXTensor, get_format
+from mx_kernels.backend import BACKENDS, log_choice, resolve_backend
+
+__all__ = ["DEQUANT_DTYPES", "dequantize_rowwise"]
+
+DEQUANT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+"""Output dtypes of :func:`dequantize_rowwise`."""
+
+_TRITON_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
+_TRITON_BLOCK_SIZES = (2, 4, 8, 16, 32, 64, 128)
+_TILE = (32, 256, 4)  # (BLOCK_M, BLOCK_K, num_warps): a streaming kernel, 16 B per thread
+
+
+def dequantize_rowwise(
+    qdata: torch.Tensor,
+    scale: torch.Tensor,
+    fmt: str = "fp8_e4m3",
+    *,
+    block_size: int = 32,
+    out_dtype: torch.dtype = torch.bfloat16,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Decode a rowwise MX cast (blocks along the last dim).
+
+    Args:
+        qdata: [..., K] codes (float8 for fp8; uint8 for fp6; fp4: [..., K // 2] uint8 or
+            ``float4_e2m1fn_x2``, two codes per byte, low nibble first).
+        scale: [..., K // block_size] ``float8_e8m0fnu``.
+        fmt, block_size: as :func:`mx_core.quantize`.
+        out_dtype: bf16, fp16 or fp32.
+        backend: ``"auto"``, ``"triton"`` or ``"reference"`` (see :mod:`mx_kernels.backend`).
+    Returns:
+        [..., K] in ``out_dtype``, contiguous; equal to ``MXTensor(...).dequantize(out_dtype)``.
+    Raises:
+        ValueError: shapes, dtypes, ``out_dtype`` or ``backend`` not as above (the message
+            names the argument).
+    """
+    name = get_format(fmt).name
+    _check(qdata, scale, name, block_size, out_dtype, backend)
+    return torch.ops.mx.dequantize_rowwise(
+        qdata.view(torch.uint8), scale.view(torch.uint8), name, block_size, out_dtype, backend
+    )
+
+
+def _check(qdata, scale, fmt: str, block_size: int, out_dtype, backend) -> None:
+    fn = "dequantize_rowwise"
+    for arg, t in (("qdata", qdata), ("scale", scale)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+    if scale.dtype != torch.float8_e8m0fnu:
+        raise ValueError(f"{fn}: scale has dtype {scale.dtype}; expected torch.float8_e8m0fnu")
+    if qdata.dim() == 0:
+        raise ValueError(f"{fn}: qdata must have at least one dim, got a scalar")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"{fn}: block_size={block_size!r}; expected a positive int")
+    packed = get_format(fmt).is_packed
+    k = qdata.shape[-1] * (2 if packed else 1)
+    want = (*qdata.shape[:-1], k // block_size)
+    if k % block_size or tuple(scale.shape) != want:
+        raise ValueError(
+            f"{fn}: scale has shape {tuple(scale.shape)} but qdata {tuple(qdata.shape)} "
+            f"({fmt}, K={k}) with block_size={block_size} needs {want}"
+        )
+    if qdata.element_size() != 1:
+        raise ValueError(f"{fn}: qdata has dtype {qdata.dtype}; expected one-byte codes")
+    if scale.device != qdata.device:
+        raise ValueError(f"{fn}: scale is on {scale.device} but qdata is on {qdata.device}")
+    if out_dtype not in DEQUANT_DTYPES:
+        allowed = ", ".join(str(d) for d in DEQUANT_DTYPES)
+        raise ValueError(f"{fn}: out_dtype={out_dtype} is not supported; allowed: {allowed}")
+    if backend not in BACKENDS:
+        raise ValueError(f"{fn}: backend={backend!r} is not one of {', '.join(BACKENDS)}")
+
+
+def _triton_gap(fmt: str, block_size: int) -> str | None:
+    if fmt not in _TRITON_FORMATS:
+        return f"{fmt} has no Triton dequantize (Triton: {', '.join(_TRITON_FORMATS)})"
+    if block_size not in _TRITON_BLOCK_SIZES:
+        return f"block_size={block_size} has no Triton dequantize"
+    return None
+
+
+@torch.library.custom_op("mx::dequantize_rowwise", mutates_args=())
+def _dequantize_rowwise_op(
+    q_bytes: torch.Tensor,
+    scale_bytes: torch.Tensor,
+    fmt: str,
+    block_size: int,
+    out_dtype: torch.dtype,
+    backend: str,
+) -> torch.Tensor:
+    impl = resolve_backend("dequantize_rowwise", backend, q_bytes.device)
+    gap = _triton_gap(fmt, block_size) if impl == "triton" else None
+    if gap is not None:
+        if backend == "triton":
+            raise ValueError(f"dequantize_rowwise: backend='triton' cannot run this: {gap}")
+        log_choice("dequantize_rowwise", "reference", q_bytes.device.type, gap)
+        impl = "reference"
+    if impl == "reference":
+        qdata = (
+            q_bytes
+            if fmt not in ("fp8_e4m3", "fp8_e5m2")
+            else q_bytes.view(get_format(fmt).storage_dtype)
+        )
+        t = MXTensor(
+            qdata=qdata, scale=scale_bytes.view(torch.float8_e8m0fnu), fmt=fmt,
+            block_size=block_size, dim=q_bytes.dim() - 1, orig_dtype=out_dtype,
+        )  # fmt: skip
+        return t.dequantize(out_dtype).contiguous()
+    return dequantize_triton(q_bytes, scale_bytes, fmt, block_size, out_dtype)
+
+
+@_dequantize_rowwise_op.register_fake
+def _(q_bytes, scale_bytes, fmt, block_size, out_dtype, backend):
+    k = scale_bytes.shape[-1] * block_size
+    return q_bytes.new_empty((*q_bytes.shape[:-1], k), dtype=out_dtype)
+
+
+def dequantize_triton(
+    q_bytes: torch.Tensor,
+    scale_bytes: torch.Tensor,
+    fmt: str,
+    block_size: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Launch the Triton kernel (arguments as the op's: uint8 views, checked)."""
+    import triton
+
+    from mx_kernels.dequant_triton import DQ_FMT_IDS, mx_dequant_kernel
+
+    k = scale_bytes.shape[-1] * block_size
+    out = torch.empty((*q_bytes.shape[:-1], k), dtype=out_dtype, device=q_bytes.device)
+    q2d = q_bytes.reshape(-1, q_bytes.shape[-1]).contiguous()
+    s2d = scale_bytes.reshape(-1, scale_bytes.shape[-1]).contiguous()
+    m = q2d.shape[0]
+    if out.numel() == 0:
+        return out
+    block_m, block_k, warps = _TILE
+    block_k = max(block_k, block_size)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
+    mx_dequant_kernel[grid](
+        q2d, s2d, out, m, k,
+        FMT=DQ_FMT_IDS[fmt], BS=block_size, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,79 @@
+"""Triton kernel of the MX dequantize, and the element and scale decoders it shares with
+the matmul kernels.
+
+Codes arrive as uint8 (fp4: two per byte along the blocked dim, low nibble first) and
+scales as uint8 E8M0 bytes: Triton's interpreter rejects float8_e8m0fnu kernel args.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Element formats as kernel constants.
+DQ_E4M3 = tl.constexpr(0)
+DQ_E5M2 = tl.constexpr(1)
+DQ_E2M1 = tl.constexpr(2)
+DQ_FMT_IDS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "fp4_e2m1": 2}
+
+
+@triton.jit
+def e8m0_to_fp32(byte):
+    """2^(byte - 127) as fp32, built in the exponent field: byte 0 is the subnormal
+    2^-127 (bit 22), byte 255 is NaN."""
+    b = byte.to(tl.int32)
+    bits = tl.where(b == 0, 1 << 22, b << 23)
+    bits = tl.where(b == 255, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fp4x2_to_e4m3(packed):
+    """[R, C] packed fp4 bytes -> [R, 2C] float8e4nv of the same values (low nibble first).
+
+    e2m1 S.EE.M is 2^(E-1) * (1 + M/2) for E > 0 and M/2 for E = 0. e4m3 has bias 7, so
+    E > 0 maps to exponent E + 6 and mantissa M << 2, i.e. (EEM << 2) + (6 << 3), and
+    M/2 to 0 or 0x30 (0.5).
+    """
+    c = tl.join(packed & 0xF, packed >> 4).to(tl.int32)  # [R, C, 2]
+    magnitude = tl.where((c & 6) == 0, (c & 1) * 0x30, ((c & 7) << 2) + 0x30)
+    bits = ((c & 8) << 4) | magnitude
+    wide = tl.reshape(bits, (packed.shape[0], packed.shape[1] * 2))
+    return wide.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def mx_dequant_kernel(
+    q_ptr, s_ptr, out_ptr, M, K,
+    FMT: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """out [M, K] = codes [M, K] (fp4: [M, K // 2]) * 2^(scale [M, K // BS] - 127).
+
+    Every product is exact in fp32; the store rounds to the output dtype (exact for bf16
+    unless the value is below its smallest subnormal, 2^-133).
+    """
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m[:, None] < M
+    if FMT == DQ_E2M1:
+        offs_b = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+        ptrs = q_ptr + offs_m[:, None] * (K // 2) + offs_b[None, :]
+        packed = tl.load(ptrs, mask=row_ok & (offs_b[None, :] < K // 2), other=0)
+        values = fp4x2_to_e4m3(packed).to(tl.float32)
+    else:
+        offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        ptrs = q_ptr + offs_m[:, None] * K + offs_k[None, :]
+        codes = tl.load(ptrs, mask=row_ok & (offs_k[None, :] < K), other=0)
+        if FMT == DQ_E4M3:
+            values = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            values = codes.to(tl.float8e5, bitcast=True).to(tl.float32)
+    offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
+    s_ok = row_ok & (offs_s[None, :] < K // BS)
+    s = tl.load(s_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :], mask=s_ok, other=127)
+    blocks = tl.reshape(values, (BLOCK_M, BLOCK_K // BS, BS)) * e8m0_to_fp32(s)[:, :, None]
+    out = tl.reshape(blocks, (BLOCK_M, BLOCK_K))
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    out_ptrs = out_ptr + offs_m[:, None] * K + offs_k[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok & (offs_k[None, :] < K))
