@@ -215,6 +215,11 @@ def main(argv=None) -> int:
         ms = _bench(lambda q=q, s=s: mx_kernels.dequantize_rowwise(q, s, args.fmt))
         bw = cast_bytes("rowwise", m, k, 2) / ms / 1e9
         rows.append((f"{m}x{k}", "dequantize_rowwise -> bf16", "-", ms, bw, bw / copy_bw, None))
+        # MXLinear's sm90 path: both fake-quantized copies from one read (2 + 4 bytes).
+        ms = _bench(lambda x=x: mx_kernels.fake_quantize_both(x, args.fmt, scale_mode=args.mode))
+        bw = 6 * m * k / ms / 1e9
+        rows.append((f"{m}x{k}", "fake_quantize_both -> bf16 x2", "(32, 64, 1)", ms, bw,
+                     bw / copy_bw, None))  # fmt: skip
 
     lines = [
         f"copy bandwidth {copy_bw:.2f} TB/s; {args.fmt}, scale mode {args.mode}, bf16 in",

@@ -14,6 +14,7 @@ Writes the table to $OUT/linear.md too when OUT is set.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import traceback
 
@@ -50,6 +51,8 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--recipe", default="mxfp8")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("mx_nn").setLevel(logging.INFO)  # which path MXLinear runs
     props = torch.cuda.get_device_properties(0)
     print(
         f"GPU {props.name}, torch {torch.__version__}, triton {triton.__version__}, "

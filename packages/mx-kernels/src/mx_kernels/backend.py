@@ -91,12 +91,18 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
 
 
 def resolve_matmul_backend(
-    op: str, backend: str, device: torch.device, *, cublas_unsupported: str | None = None
+    op: str,
+    backend: str,
+    device: torch.device,
+    *,
+    cublas_unsupported: str | None = None,
+    log: bool = True,
 ) -> str:
     """The concrete matmul backend for ``backend`` on ``device``.
 
     ``"auto"`` picks ``"emulated"`` off CUDA, ``"cublas"`` on sm100+ (unless
     ``cublas_unsupported`` says why these inputs cannot go there), else ``"triton"``.
+    ``log=False`` asks without logging a choice (nothing runs).
 
     Raises:
         ValueError: ``backend`` is not in :data:`MATMUL_BACKENDS`.
@@ -106,15 +112,16 @@ def resolve_matmul_backend(
     """
     if backend not in MATMUL_BACKENDS:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(MATMUL_BACKENDS)}")
+    _log = log_choice if log else lambda *args: None
     if backend == "emulated" or (backend == "auto" and device.type != "cuda"):
-        log_choice(op, "emulated", device.type, backend if backend != "auto" else "auto: not CUDA")
+        _log(op, "emulated", device.type, backend if backend != "auto" else "auto: not CUDA")
         return "emulated"
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     where = f"sm{capability[0]}{capability[1]}" if capability else f"a {device.type} tensor"
     why = backend
     if backend == "auto":
         if capability >= (10, 0) and cublas_unsupported is None:
-            log_choice(op, "cublas", device.type, "auto: sm100+")
+            _log(op, "cublas", device.type, "auto: sm100+")
             return "cublas"
         backend = "triton"
         why = f"auto: {cublas_unsupported}" if capability >= (10, 0) else "auto: sm90"
@@ -124,7 +131,7 @@ def resolve_matmul_backend(
                 f"{op}: backend='cublas' (cuBLAS MX block scaling) needs a CUDA device of "
                 f"compute capability >= 10.0, got {where}; use backend='triton' or 'emulated'"
             )
-        log_choice(op, "cublas", device.type, why)
+        _log(op, "cublas", device.type, why)
         return "cublas"
     if capability is not None and capability < (9, 0):
         raise RuntimeError(
@@ -138,5 +145,5 @@ def resolve_matmul_backend(
         )
     if not triton_available():
         raise RuntimeError(f"{op}: backend='triton' needs triton, which is not installed")
-    log_choice(op, "triton", device.type, why)
+    _log(op, "triton", device.type, why)
     return "triton"

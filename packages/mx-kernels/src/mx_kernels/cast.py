@@ -77,8 +77,12 @@ def _launch(
     s_col,
     tile: tuple[int, int, int] | None = None,
     hw_round: bool | None = None,
+    dequantized: bool = False,
 ) -> None:
     """Run the Triton cast on a 2-D x; None outputs are skipped.
+
+    ``dequantized``: q_row and q_col receive the fake-quantized values instead (in their
+    own dtype, both [M, K] row-major), s_row and s_col must be None.
 
     ``tile`` overrides the (BLOCK_M, BLOCK_K, num_warps) choice and ``hw_round`` the
     rounding path (default: the GPU's fp8 conversion on CUDA, fp32 arithmetic in the
@@ -95,7 +99,7 @@ def _launch(
     dummy = torch.empty(0, dtype=torch.uint8, device=x2d.device)
 
     def u8(t):
-        return dummy if t is None else t.view(torch.uint8)
+        return dummy if t is None else t if dequantized else t.view(torch.uint8)
 
     grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
     mx_cast_kernel[grid](
@@ -123,6 +127,7 @@ def _launch(
         HW_ROUND=(x2d.device.type == "cuda") if hw_round is None else hw_round,
         ROWWISE=rowwise,
         COLWISE=colwise,
+        DEQ=dequantized,
         num_warps=warps,
     )
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from mx_kernels.dequant_triton import store_rounded
+
 # Scale modes and element formats as kernel constants.
 MODE_FLOOR = tl.constexpr(0)
 MODE_CEIL = tl.constexpr(1)
@@ -70,8 +72,10 @@ def _mx_block_cast(
     EMIN: tl.constexpr,
     BITS: tl.constexpr,
     HW_ROUND: tl.constexpr,
+    DEQ: tl.constexpr,
 ):
-    """Quantize ``blocks`` (fp32, one MX block along ``AXIS``) -> (codes u8, scale u8).
+    """Quantize ``blocks`` (fp32, one MX block along ``AXIS``) -> (codes u8, scale u8),
+    or with DEQ -> (the dequantized values, fp32, NaN for a NaN scale; scale u8).
 
     The scale keeps ``AXIS`` with size 1. EMAX, MBITS, MAX_NORMAL and MAX_FRAC (the fp32
     fraction field of MAX_NORMAL), EMIN (exponent of the smallest normal) and BITS describe
@@ -95,7 +99,8 @@ def _mx_block_cast(
     inv_bits = tl.where(e == 127, 1 << 22, (127 - e) << 23)
     scaled = blocks * inv_bits.to(tl.float32, bitcast=True)
     if FMT == FMT_CODES:
-        codes = _encode_codes(_round_to_grid(scaled, MBITS, EMIN, MAX_NORMAL), MBITS, EMIN, BITS)
+        values = _round_to_grid(scaled, MBITS, EMIN, MAX_NORMAL)
+        codes = _encode_codes(values, MBITS, EMIN, BITS)
         codes = tl.where(nonfinite, 0, codes).to(tl.uint8)  # no NaN code: the scale says NaN
     else:
         if HW_ROUND:
@@ -111,6 +116,11 @@ def _mx_block_cast(
         else:
             q = scaled.to(tl.float8e5)
         codes = tl.where(nonfinite, 0x7F, q.to(tl.uint8, bitcast=True)).to(tl.uint8)
+        values = q.to(tl.float32)
+    if DEQ:
+        # value * 2^e is exact in fp32 (down to 2^-127 * 2^-9), as mx-core computes it.
+        scale_bits = tl.where(e == -127, 1 << 22, (e + 127) << 23)
+        codes = tl.where(nonfinite, float("nan"), values * scale_bits.to(tl.float32, bitcast=True))
     return codes, scale  # one return: see _pack
 
 
@@ -132,12 +142,16 @@ def mx_cast_kernel(
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
+    DEQ: tl.constexpr,
 ):  # fmt: skip
     """One [BLOCK_M, BLOCK_K] tile of x [M, K]: rowwise and/or columnwise MX cast.
 
     Rowwise writes q [M, K // PACK] and s [M, K // BS]; columnwise writes the row-major
     cast of x^T: q_t [K, M // PACK] and s_t [K, M // BS]. PACK = 2 packs fp4 codes two per
     byte along the blocked dim. All outputs are contiguous uint8 views.
+
+    DEQ (fake quantization) writes the dequantized values instead, rounded to the
+    outputs' dtype, both in x's [M, K] layout (contiguous), and no scales.
     """
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -149,29 +163,37 @@ def mx_cast_kernel(
     if ROWWISE:
         blocks = tl.reshape(x, (BLOCK_M, BLOCK_K // BS, BS))
         codes, scale = _mx_block_cast(
-            blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND
+            blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ
         )
-        codes = _pack(tl.reshape(codes, (BLOCK_M, BLOCK_K)), PACK)
-        offs_q = pid_k * (BLOCK_K // PACK) + tl.arange(0, BLOCK_K // PACK)
-        q_mask = (offs_m[:, None] < M) & (offs_q[None, :] < K // PACK)
-        tl.store(q_row_ptr + offs_m[:, None] * (K // PACK) + offs_q[None, :], codes, mask=q_mask)
-        offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
-        s_mask = (offs_m[:, None] < M) & (offs_s[None, :] < K // BS)
-        tl.store(
-            s_row_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :],
-            tl.reshape(scale, (BLOCK_M, BLOCK_K // BS)),
-            mask=s_mask,
-        )
+        if DEQ:
+            out_ptrs = q_row_ptr + offs_m[:, None] * K + offs_k[None, :]
+            store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask)
+        else:
+            codes = _pack(tl.reshape(codes, (BLOCK_M, BLOCK_K)), PACK)
+            offs_q = pid_k * (BLOCK_K // PACK) + tl.arange(0, BLOCK_K // PACK)
+            q_mask = (offs_m[:, None] < M) & (offs_q[None, :] < K // PACK)
+            q_ptrs = q_row_ptr + offs_m[:, None] * (K // PACK) + offs_q[None, :]
+            tl.store(q_ptrs, codes, mask=q_mask)
+            offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
+            s_mask = (offs_m[:, None] < M) & (offs_s[None, :] < K // BS)
+            s_ptrs = s_row_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :]
+            tl.store(s_ptrs, tl.reshape(scale, (BLOCK_M, BLOCK_K // BS)), mask=s_mask)
     if COLWISE:
         blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
         codes, scale = _mx_block_cast(
-            blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND
+            blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ
         )
-        codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
-        scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))
-        offs_q = pid_m * (BLOCK_M // PACK) + tl.arange(0, BLOCK_M // PACK)
-        mask_t = (offs_k[:, None] < K) & (offs_q[None, :] < M // PACK)
-        tl.store(q_col_ptr + offs_k[:, None] * (M // PACK) + offs_q[None, :], codes_t, mask=mask_t)
-        offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
-        s_mask = (offs_k[:, None] < K) & (offs_s[None, :] < M // BS)
-        tl.store(s_col_ptr + offs_k[:, None] * (M // BS) + offs_s[None, :], scale_t, mask=s_mask)
+        if DEQ:
+            out_ptrs = q_col_ptr + offs_m[:, None] * K + offs_k[None, :]
+            store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask)
+        else:
+            codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
+            scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))
+            offs_q = pid_m * (BLOCK_M // PACK) + tl.arange(0, BLOCK_M // PACK)
+            mask_t = (offs_k[:, None] < K) & (offs_q[None, :] < M // PACK)
+            q_ptrs = q_col_ptr + offs_k[:, None] * (M // PACK) + offs_q[None, :]
+            tl.store(q_ptrs, codes_t, mask=mask_t)
+            offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
+            s_mask = (offs_k[:, None] < K) & (offs_s[None, :] < M // BS)
+            s_ptrs = s_col_ptr + offs_k[:, None] * (M // BS) + offs_s[None, :]
+            tl.store(s_ptrs, scale_t, mask=s_mask)

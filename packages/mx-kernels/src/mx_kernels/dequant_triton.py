@@ -43,6 +43,20 @@ def fp4x2_to_e4m3(packed):
 
 
 @triton.jit
+def store_rounded(ptrs, values, mask):
+    """Store fp32 ``values`` in the pointee dtype, rounding to nearest even (Triton's
+    interpreter truncates fp32 -> bf16, so bf16 is rounded on the bits, as torch does;
+    NaN and Inf keep their top bits)."""
+    if ptrs.dtype.element_ty == tl.bfloat16:
+        bits = values.to(tl.uint32, bitcast=True)
+        bits += 0x7FFF + ((bits >> 16) & 1)
+        out = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = values.to(ptrs.dtype.element_ty)
+    tl.store(ptrs, out, mask=mask)
+
+
+@triton.jit
 def mx_dequant_kernel(
     q_ptr, s_ptr, out_ptr, M, K,
     FMT: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -76,4 +90,4 @@ def mx_dequant_kernel(
     out = tl.reshape(blocks, (BLOCK_M, BLOCK_K))
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     out_ptrs = out_ptr + offs_m[:, None] * K + offs_k[None, :]
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok & (offs_k[None, :] < K))
+    store_rounded(out_ptrs, out, row_ok & (offs_k[None, :] < K))

@@ -35,12 +35,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mx_core import MXTensor
+from mx_core import MXTensor, get_format
 from mx_kernels.backend import MATMUL_BACKENDS, log_choice, resolve_matmul_backend
 from mx_kernels.swizzle import swizzle_scales
 
 __all__ = [
     "DEFAULT_DESIGN",
+    "bf16_gemm_design",
     "OUT_DTYPES",
     "CublasArgs",
     "check_scaled_mm_args",
@@ -115,6 +116,27 @@ def scaled_mm(
         a_q.view(u8), a_scale.view(u8), a_fmt, b_q.view(u8), b_scale.view(u8), b_fmt,
         out_dtype, backend,
     )  # fmt: skip
+
+
+def bf16_gemm_design(
+    device: torch.device, a_fmt: str, b_fmt: str, *, backend: str = "auto"
+) -> bool:
+    """Whether :func:`scaled_mm` with ``backend`` on ``device`` multiplies its operands
+    as bf16 after dequantizing them (the ``dequant_bf16`` design, sm90's choice).
+
+    Callers that hold the high-precision tensors can then fuse cast and dequantize
+    (:mod:`mx_kernels.fake_quant`) and run the same bf16 GEMM, with the same result.
+    Asks without logging; formats are mx-core names.
+    """
+    formats = [get_format(f) for f in (a_fmt, b_fmt)]
+    if any(f.bits == 6 for f in formats):
+        return False  # fp6 has no MX GEMM at all
+    dtypes = [torch.uint8 if f.is_packed else f.storage_dtype for f in formats]
+    reason = cublas_unsupported_reason(*dtypes, 16)
+    chosen = resolve_matmul_backend(
+        "scaled_mm", backend, device, cublas_unsupported=reason, log=False
+    )
+    return chosen == "triton" and os.environ.get(_DESIGN_ENV, DEFAULT_DESIGN) == "dequant_bf16"
 
 
 def check_scaled_mm_args(

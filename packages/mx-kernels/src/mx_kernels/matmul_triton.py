@@ -34,7 +34,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from mx_kernels.backend import interpreter_enabled
 from mx_kernels.dequant import dequantize_triton
-from mx_kernels.dequant_triton import e8m0_to_fp32, fp4x2_to_e4m3
+from mx_kernels.dequant_triton import e8m0_to_fp32, fp4x2_to_e4m3, store_rounded
 
 __all__ = ["DESIGNS", "TRITON_FORMATS", "autotuned_config", "configs", "scaled_mm_triton"]
 
@@ -65,16 +65,7 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _store_tile(c_ptr, acc, offs_m, offs_n, M, N, stride_cm):
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-    if c_ptr.dtype.element_ty == tl.bfloat16:
-        # Round to nearest even on the bits, as torch does (Triton's interpreter
-        # truncates fp32 -> bf16); NaN and Inf keep their top bits.
-        bits = acc.to(tl.uint32, bitcast=True)
-        bits += 0x7FFF + ((bits >> 16) & 1)
-        out = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        out = acc.to(c_ptr.dtype.element_ty)
-    tl.store(ptrs, out, mask=mask)
+    store_rounded(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask)
 
 
 @triton.jit

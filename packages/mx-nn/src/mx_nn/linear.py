@@ -13,6 +13,13 @@ dY [M, N]); the cast of a tensor needed in both orientations is one pass
 Rows are padded with zeros to a multiple of the block size where a cast runs along M
 (zeros add nothing to dW). fp6 formats and block sizes other than 32 have no MX GEMM:
 they dequantize and multiply in fp32 (logged once).
+
+Where ``scaled_mm`` would multiply bf16 dequantized operands anyway (its
+``dequant_bf16`` design, sm90's choice; ``mx_kernels.bf16_gemm_design``), the layer
+fuses each cast with its dequantize (``mx_kernels.fake_quantize_*``) and runs the bf16
+GEMMs on the results: the same values and accumulation, fewer passes over memory. Not
+for fp16 inputs or when the MX casts are saved (``save_mx_activations``). Which path
+runs is logged once per device.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from torch import nn
 
 import mx_kernels
 from mx_core import MXTensor, get_format
+from mx_kernels.matmul import bf16_gemm_design
 from mx_nn.config import MXLinearConfig
 
 __all__ = ["MXLinear"]
@@ -120,6 +128,80 @@ class _MXLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, None
 
 
+def _bf16_mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b`` of MX-valued operands as ``scaled_mm``'s dequant_bf16 design computes it:
+    bf16 operands (exact), fp32 accumulation, one rounding to ``out_dtype``."""
+    a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    if a.device.type != "cuda":
+        return (a.float() @ b.float()).to(out_dtype)
+    if out_dtype == torch.bfloat16:
+        return a @ b
+    return torch.mm(a, b, out_dtype=torch.float32).to(out_dtype)
+
+
+class _FakeQuantLinearFunction(torch.autograd.Function):
+    """The same three GEMMs where ``scaled_mm`` would dequantize to bf16 anyway (sm90):
+    each cast writes the dequantized values (``mx_kernels.fake_quantize_*``, one pass),
+    then bf16 GEMMs take them in either orientation. Same values and accumulation as
+    the MX path through ``scaled_mm``; no transposed copies, no code bytes."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        xf = _fake(mx_kernels.fake_quantize_rowwise, x2, c.input_fmt, c)
+        wf_row, wf_col = _fake(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
+        y = _bf16_mm(xf, wf_row.t(), x.dtype)
+        ctx.save_for_backward(wf_col, x2)
+        ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        c: MXLinearConfig = ctx.config
+        wf_col, x2 = ctx.saved_tensors
+        dy = grad_output.reshape(-1, grad_output.shape[-1])
+        m = dy.shape[0]
+        grad_x = grad_w = None
+        if c.hp_weight_grad:
+            if ctx.needs_input_grad[1]:
+                grad_w = (dy.t() @ x2.to(dy.dtype)).to(ctx.w_dtype)
+            dyf = _fake(mx_kernels.fake_quantize_rowwise, dy, c.grad_output_fmt, c)
+        else:
+            dy_pad = _pad_rows(dy, c.block_size)  # colwise blocks run along M
+            dyf, dyf_col = _fake(mx_kernels.fake_quantize_both, dy_pad, c.grad_output_fmt, c)
+            dyf = dyf[:m]
+            if ctx.needs_input_grad[1]:
+                x_pad = _pad_rows(x2, c.block_size)
+                xf_col = _fake(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
+                grad_w = _bf16_mm(dyf_col.t(), xf_col, ctx.w_dtype)
+        if ctx.needs_input_grad[0]:
+            grad_x = _bf16_mm(dyf, wf_col, ctx.x_dtype)
+            grad_x = grad_x.reshape(*grad_output.shape[:-1], wf_col.shape[1])
+        return grad_x, grad_w, None
+
+
+def _fake(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
+    return fn(x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend)
+
+
+@torch.compiler.assume_constant_result
+def _fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype) -> bool:
+    """Whether to run :class:`_FakeQuantLinearFunction`: every GEMM would be scaled_mm's
+    dequant_bf16 design, fp16 is not involved (fake-quantized fp16 values can leave
+    fp16's range where the MX path's bf16 ones do not), and no MX cast is kept."""
+    if c.save_mx_activations or c.block_size != _GEMM_BLOCK or dtype == torch.float16:
+        return False
+    pairs = [(c.input_fmt, c.weight_fmt), (c.grad_output_fmt, c.weight_fmt)]
+    if not c.hp_weight_grad:
+        pairs.append((c.grad_output_fmt, c.input_fmt))
+    fused = all(bf16_gemm_design(device, a, b, backend=c.gemm_backend) for a, b in pairs)
+    key = ("fake-quantized casts + bf16 GEMMs" if fused else "MX casts + scaled_mm", str(device))
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        logger.info("mx_nn.MXLinear: %s on %s", *key)
+    return fused
+
+
 class MXLinear(nn.Linear):
     """``nn.Linear`` computing its three GEMMs in MX (see the module doc).
 
@@ -164,10 +246,15 @@ class MXLinear(nn.Linear):
             dtype = torch.get_autocast_dtype(device_type)
             x, weight = x.to(dtype), weight.to(dtype)
             with torch.autocast(device_type, enabled=False):
-                y = _MXLinearFunction.apply(x, weight, self.config)
+                y = self._mx_forward(x, weight)
         else:
-            y = _MXLinearFunction.apply(x, weight, self.config)
+            y = self._mx_forward(x, weight)
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def _mx_forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        fused = _fake_quant_path(x.device, self.config, x.dtype)
+        fn = _FakeQuantLinearFunction if fused else _MXLinearFunction
+        return fn.apply(x, weight, self.config)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, config={self.config}"

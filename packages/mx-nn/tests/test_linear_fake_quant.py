@@ -1,0 +1,91 @@
+"""MXLinear's fused path (fake-quantized casts + bf16 GEMMs), which runs wherever
+scaled_mm would dequantize to bf16: here forced with gemm_backend="triton" on CPU
+(Triton's interpreter, scaled_mm's default design dequant_bf16)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from mx_nn import MXLinear, MXLinearConfig
+from mx_nn import linear as linear_mod
+
+FUSED = MXLinearConfig(gemm_backend="triton", cast_backend="triton")
+RTOL = 1e-5  # fp32 outputs of exact products: the paths differ only in summation order
+
+
+def _run(module, x, grad):
+    x = x.detach().clone().requires_grad_()
+    y = module(x)
+    y.backward(grad)
+    return y, x.grad, module.weight.grad, module.bias.grad
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _modules(config, k=128, n=96):
+    torch.manual_seed(0)
+    ref = nn.Linear(k, n)
+    fused = MXLinear.from_linear(copy.deepcopy(ref), config)
+    mx_path = dataclasses.replace(config, gemm_backend="emulated", cast_backend="reference")
+    emulated = MXLinear.from_linear(copy.deepcopy(ref), mx_path)
+    return fused, emulated
+
+
+@pytest.mark.parametrize("hp_wgrad", [False, True])
+@pytest.mark.parametrize("x_shape", [(64, 128), (2, 25, 128)], ids=str)  # 50 rows: padded
+def test_matches_the_mx_path(x_shape, hp_wgrad, monkeypatch, caplog):
+    monkeypatch.setattr(linear_mod, "_LOGGED", set())
+    monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    fused, emulated = _modules(dataclasses.replace(FUSED, hp_weight_grad=hp_wgrad))
+    x, grad = torch.randn(x_shape), torch.randn(*x_shape[:-1], 96)
+    with caplog.at_level(logging.INFO, logger="mx_nn"):
+        got = _run(fused, x, grad)
+    assert "fake-quantized casts + bf16 GEMMs on cpu" in caplog.text
+    want = _run(emulated, x, grad)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and _rel(g, w) <= RTOL
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["fp16 input", "save_mx_activations", "design fp8_mma", "fp6 weights"],
+)
+def test_mx_path_where_fusion_does_not_apply(case, monkeypatch):
+    monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    config, dtype = FUSED, torch.float32
+    if case == "fp16 input":
+        dtype = torch.float16
+    elif case == "save_mx_activations":
+        config = dataclasses.replace(FUSED, save_mx_activations=True)
+    elif case == "design fp8_mma":
+        monkeypatch.setenv("MX_KERNELS_MM_DESIGN", "fp8_mma")
+    else:
+        config = dataclasses.replace(FUSED, weight_fmt="fp6_e2m3")
+    assert not linear_mod._fake_quant_path(torch.device("cpu"), config, dtype)
+    assert linear_mod._fake_quant_path(torch.device("cpu"), FUSED, torch.float32) == (
+        case != "design fp8_mma"
+    )
+
+
+def test_auto_on_cpu_keeps_the_emulated_mx_path():
+    assert not linear_mod._fake_quant_path(torch.device("cpu"), MXLinearConfig(), torch.float32)
+
+
+def test_compiled_fused_path_matches_eager(monkeypatch):
+    monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    fused, _ = _modules(FUSED, k=64, n=64)
+    x, grad = torch.randn(32, 64), torch.randn(32, 64)
+    eager = _run(fused, x, grad)
+    fused.zero_grad()
+    torch._dynamo.reset()
+    got = _run(torch.compile(fused, fullgraph=True), x, grad)
+    for g, w in zip(got, eager, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)  # bias grad: reduction order
