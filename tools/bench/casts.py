@@ -141,6 +141,13 @@ def main(argv=None) -> int:
     if not all(_same(a, w) for a, w in zip(api, want, strict=True)):
         failures.append("mx_kernels.quantize_both (auto) differs from mx_core.quantize")
         print("  FAILED public API check")
+    for fmt in mx_core.FORMAT_NAMES:  # the fused cast + dequantize (MXLinear's sm90 path)
+        xr = x * torch.exp2(torch.randint(-12, 12, (256, 1), device=dev))
+        row, col = mx_kernels.fake_quantize_both(xr, fmt)
+        want_fq = [mx_core.quantize(xr, fmt, dim=d).dequantize(xr.dtype) for d in (-1, 0)]
+        if not (torch.equal(row, want_fq[0]) and torch.equal(col, want_fq[1])):
+            failures.append(f"fake_quantize_both {fmt} differs from quantize + dequantize")
+    print(f"fake_quantize_both check, every format: {failures or 'all equal'}")
 
     shapes = [(4096, 4096)] if args.quick else SHAPES
     big = torch.randn(max(m * k for m, k in shapes), device=dev, dtype=torch.bfloat16)
