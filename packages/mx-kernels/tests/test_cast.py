@@ -239,3 +239,17 @@ def test_ops_compile_without_graph_breaks():
     compiled = torch.compile(f, fullgraph=True, backend="inductor")
     for got, want in zip(compiled(x), f(x), strict=True):
         assert torch.equal(_u8(got), _u8(want))
+
+
+def test_compiled_casts_still_check_sizes_at_run_time():
+    """Under torch.compile the wrappers skip the divisibility check (mx_core
+    check_quantize_args); the op bodies raise the same error when the kernel runs."""
+
+    def f(x):
+        return mx_kernels.quantize_rowwise(x, backend="triton")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    compiled(_data((4, 64), torch.float32))
+    with pytest.raises(ValueError, match="has size 48, which is not divisible by block_size=32"):
+        compiled(_data((4, 48), torch.float32))

@@ -375,3 +375,15 @@ def test_cublas_preparation_rejects(a_fmt, b_fmt, n, match):
 
 def test_public_name():
     assert "scaled_mm" in mx_kernels.__all__ and mx_kernels.scaled_mm is scaled_mm
+
+
+def test_compiled_scaled_mm_still_checks_shapes_at_run_time():
+    """Under torch.compile the wrapper skips its shape checks; the op body raises them."""
+    compiled = torch.compile(scaled_mm, fullgraph=True)
+    good = _good()
+    compiled(**good)
+    bad = _with(
+        b_q=torch.zeros(8, 96, dtype=torch.float8_e4m3fn), b_scale=torch.zeros(8, 3, dtype=E8)
+    )
+    with pytest.raises(ValueError, match="a_q .*K=64.*b_q .*K=96"):
+        compiled(**bad)

@@ -89,3 +89,21 @@ def test_compiled_fused_path_matches_eager(monkeypatch):
     got = _run(torch.compile(fused, fullgraph=True), x, grad)
     for g, w in zip(got, eager, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)  # bias grad: reduction order
+
+
+@pytest.mark.parametrize("mx_path", [False, True], ids=["fused", "mx"])
+def test_compile_across_shapes_turning_dynamic(mx_path, monkeypatch):
+    """A third shape makes dynamo recompile with dynamic sizes; torch 2.11 used to fail
+    there (overwrite_tensor_vt_proxy) when shapes were branched on inside the layer."""
+    monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    config = dataclasses.replace(FUSED, save_mx_activations=mx_path)
+    torch._dynamo.reset()
+    for m, k, n in [(64, 64, 64), (96, 64, 128), (50, 128, 96)]:
+        torch.manual_seed(0)
+        module = MXLinear.from_linear(nn.Linear(k, n), config)
+        x, grad = torch.randn(2, m, k), torch.randn(2, m, n)
+        want = _run(module, x, grad)
+        module.zero_grad()
+        got = _run(torch.compile(module, fullgraph=True), x, grad)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

@@ -45,7 +45,10 @@ def check_quantize_args(x: torch.Tensor, block_size: int, dim: int, *, fn: str =
             f"(allowed: {-x.dim()} .. {x.dim() - 1})"
         )
     d = dim % x.dim()
-    if x.shape[d] % block_size:
+    # Under torch.compile the kernels check this at run time instead: branching on a
+    # dynamic size here leaves a SymInt among an autograd.Function's outputs, which
+    # torch 2.11's dynamo asserts on (overwrite_tensor_vt_proxy).
+    if not torch.compiler.is_compiling() and x.shape[d] % block_size:
         raise ValueError(
             f"{fn}: dim {d} of x (shape {tuple(x.shape)}) has size {x.shape[d]}, "
             f"which is not divisible by block_size={block_size}"

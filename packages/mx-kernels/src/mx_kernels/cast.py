@@ -36,7 +36,14 @@ def _triton_gap(block_size: int) -> str | None:
     return None
 
 
-def _choose(op: str, backend: str, x: torch.Tensor, fmt: ElementFormat, block_size: int) -> str:
+def _choose(
+    op: str, backend: str, x: torch.Tensor, fmt: ElementFormat, block_size: int, dims: tuple
+) -> str:
+    """The implementation an op body runs. Also checks the blocked sizes again: the
+    Python wrappers skip that check under torch.compile (see mx_core.check_quantize_args),
+    and op bodies always run on real tensors."""
+    for dim in dims:
+        mx_core.check_quantize_args(x, block_size, dim, fn=op)
     impl = resolve_backend(op, backend, x.device)
     gap = _triton_gap(block_size) if impl == "triton" else None
     if gap is None:
@@ -153,7 +160,7 @@ def _quantize_rowwise_op(
     x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     f = get_format(fmt)
-    if _choose("quantize_rowwise", backend, x, f, block_size) == "reference":
+    if _choose("quantize_rowwise", backend, x, f, block_size, (-1,)) == "reference":
         return _reference(x, f, block_size, scale_mode)
     qdata, scale = _empty_cast(x.shape, f, block_size, x.device)
     _launch(x.reshape(-1, x.shape[-1]), f, block_size, scale_mode, qdata, scale, None, None)
@@ -170,7 +177,7 @@ def _quantize_colwise_op(
     x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     f = get_format(fmt)
-    if _choose("quantize_colwise", backend, x, f, block_size) == "reference":
+    if _choose("quantize_colwise", backend, x, f, block_size, (0,)) == "reference":
         return _reference(x.t().contiguous(), f, block_size, scale_mode)
     q_t, s_t = _empty_cast(x.t().shape, f, block_size, x.device)
     _launch(x, f, block_size, scale_mode, None, None, q_t, s_t)
@@ -187,7 +194,7 @@ def _quantize_both_op(
     x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     f = get_format(fmt)
-    if _choose("quantize_both", backend, x, f, block_size) == "reference":
+    if _choose("quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
         return (
             *_reference(x, f, block_size, scale_mode),
             *_reference(x.t().contiguous(), f, block_size, scale_mode),

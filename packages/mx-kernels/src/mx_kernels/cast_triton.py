@@ -167,7 +167,7 @@ def mx_cast_kernel(
         )
         if DEQ:
             out_ptrs = q_row_ptr + offs_m[:, None] * K + offs_k[None, :]
-            store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask)
+            store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask, HW_ROUND)
         else:
             codes = _pack(tl.reshape(codes, (BLOCK_M, BLOCK_K)), PACK)
             offs_q = pid_k * (BLOCK_K // PACK) + tl.arange(0, BLOCK_K // PACK)
@@ -185,7 +185,7 @@ def mx_cast_kernel(
         )
         if DEQ:
             out_ptrs = q_col_ptr + offs_m[:, None] * K + offs_k[None, :]
-            store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask)
+            store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask, HW_ROUND)
         else:
             codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
             scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))

@@ -155,6 +155,7 @@ def dequantize_triton(
     grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
     mx_dequant_kernel[grid](
         q2d, s2d, out, m, k,
-        FMT=DQ_FMT_IDS[fmt], BS=block_size, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps,
+        FMT=DQ_FMT_IDS[fmt], BS=block_size, BLOCK_M=block_m, BLOCK_K=block_k,
+        HW_ROUND=q_bytes.device.type == "cuda", num_warps=warps,
     )  # fmt: skip
     return out

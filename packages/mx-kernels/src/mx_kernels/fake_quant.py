@@ -39,7 +39,7 @@ def _fake_quantize_rowwise_op(
     x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
 ) -> torch.Tensor:
     f = get_format(fmt)
-    if _choose("fake_quantize_rowwise", backend, x, f, block_size) == "reference":
+    if _choose("fake_quantize_rowwise", backend, x, f, block_size, (-1,)) == "reference":
         return _reference(x, fmt, block_size, scale_mode, -1).contiguous()
     row, _ = _triton(x.reshape(-1, x.shape[-1]), fmt, block_size, scale_mode, True, False)
     return row.view(x.shape)
@@ -55,7 +55,7 @@ def _fake_quantize_colwise_op(
     x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
 ) -> torch.Tensor:
     f = get_format(fmt)
-    if _choose("fake_quantize_colwise", backend, x, f, block_size) == "reference":
+    if _choose("fake_quantize_colwise", backend, x, f, block_size, (0,)) == "reference":
         return _reference(x, fmt, block_size, scale_mode, 0).contiguous()
     return _triton(x, fmt, block_size, scale_mode, False, True)[1]
 
@@ -70,7 +70,7 @@ def _fake_quantize_both_op(
     x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     f = get_format(fmt)
-    if _choose("fake_quantize_both", backend, x, f, block_size) == "reference":
+    if _choose("fake_quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
         return (
             _reference(x, fmt, block_size, scale_mode, -1).contiguous(),
             _reference(x, fmt, block_size, scale_mode, 0).contiguous(),

@@ -107,7 +107,10 @@ def scaled_mm(
         >>> a, w = mx_core.quantize(x, "fp8_e4m3"), mx_core.quantize(weight, "fp8_e4m3")
         >>> y = scaled_mm(a.qdata, a.scale, w.qdata, w.scale)  # x @ weight.T, bf16
     """
-    check_scaled_mm_args(a_q, a_scale, b_q, b_scale, out_dtype=out_dtype, backend=backend)
+    if not torch.compiler.is_compiling():  # the op body checks again (see _scaled_mm_op)
+        check_scaled_mm_args(a_q, a_scale, b_q, b_scale, out_dtype=out_dtype, backend=backend)
+    elif a_q.dtype not in _FORMATS or b_q.dtype not in _FORMATS:
+        raise TypeError(f"scaled_mm: a_q and b_q must have dtypes {_EXPECTED_DTYPES}")
     # The op takes uint8 views plus format names: opcheck compares inputs with allclose,
     # which CPU float8 lacks, and gloo refuses float8; the views cost nothing.
     a_fmt, b_fmt = _FORMATS[a_q.dtype], _FORMATS[b_q.dtype]
@@ -229,6 +232,10 @@ def _scaled_mm_op(
     a_q, b_q = _STORAGE[a_fmt](a_bytes), _STORAGE[b_fmt](b_bytes)
     a_scale = a_scale_bytes.view(torch.float8_e8m0fnu)
     b_scale = b_scale_bytes.view(torch.float8_e8m0fnu)
+    # Checked here too: under torch.compile the wrapper skips its shape checks, since
+    # branching on dynamic sizes there leaves SymInts among an autograd.Function's
+    # outputs, which torch 2.11's dynamo asserts on (overwrite_tensor_vt_proxy).
+    check_scaled_mm_args(a_q, a_scale, b_q, b_scale, out_dtype=out_dtype, backend=backend)
     reason = cublas_unsupported_reason(a_q.dtype, b_q.dtype, b_q.shape[0])
     chosen = resolve_matmul_backend("scaled_mm", backend, a_q.device, cublas_unsupported=reason)
     if chosen == "emulated":

@@ -25,6 +25,7 @@ runs is logged once per device.
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -94,7 +95,8 @@ class _MXLinearFunction(torch.autograd.Function):
         w_q, w_s, wt_q, wt_s = _cast_both(weight, c.weight_fmt, c)
         y = _gemm((x_q, x_s), c.input_fmt, (w_q, w_s), c.weight_fmt, x.dtype, c)
         ctx.save_for_backward(wt_q, wt_s, *saved_x)
-        ctx.config, ctx.x_shape, ctx.x_dtype, ctx.w_dtype = c, x.shape, x.dtype, weight.dtype
+        # No shapes on ctx (SymInts there trip torch 2.11's dynamo, as in check_scaled_mm_args).
+        ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -124,7 +126,7 @@ class _MXLinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = _gemm(
                 (dy_q, dy_s), c.grad_output_fmt, (wt_q, wt_s), c.weight_fmt, ctx.x_dtype, c
-            ).reshape(ctx.x_shape)
+            ).reshape(*grad_output.shape[:-1], wt_q.shape[0])
         return grad_x, grad_w, None
 
 
@@ -184,11 +186,29 @@ def _fake(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     return fn(x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend)
 
 
-@torch.compiler.assume_constant_result
 def _fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype) -> bool:
     """Whether to run :class:`_FakeQuantLinearFunction`: every GEMM would be scaled_mm's
     dequant_bf16 design, fp16 is not involved (fake-quantized fp16 values can leave
-    fp16's range where the MX path's bf16 ones do not), and no MX cast is kept."""
+    fp16's range where the MX path's bf16 ones do not), and no MX cast is kept.
+
+    A constant to torch.compile. Its arguments reach it as plain values: torch 2.11's
+    dynamo cannot rebuild a frozen dataclass to call such a function ("can't reconstruct
+    arbitrary frozen dataclass instances").
+    """
+    fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
+    return _fake_quant_path_of(device.type, device.index, fields, dtype)
+
+
+_CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
+                  "hp_weight_grad", "save_mx_activations")  # fmt: skip
+
+
+@torch.compiler.assume_constant_result
+def _fake_quant_path_of(
+    device_type: str, device_index: int | None, fields: tuple, dtype: torch.dtype
+) -> bool:
+    c = SimpleNamespace(**dict(zip(_CONFIG_FIELDS, fields, strict=True)))
+    device = torch.device(device_type, device_index)
     if c.save_mx_activations or c.block_size != _GEMM_BLOCK or dtype == torch.float16:
         return False
     pairs = [(c.input_fmt, c.weight_fmt), (c.grad_output_fmt, c.weight_fmt)]
