@@ -107,3 +107,17 @@ def test_compile_across_shapes_turning_dynamic(mx_path, monkeypatch):
         got = _run(torch.compile(module, fullgraph=True), x, grad)
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_parameters_and_autocast(monkeypatch):
+    monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    fused, emulated = _modules(FUSED)
+    fused_bf16, emulated_bf16 = (copy.deepcopy(m).to(torch.bfloat16) for m in (fused, emulated))
+    x, grad = torch.randn(64, 128), torch.randn(64, 96)
+    got = _run(fused_bf16, x.bfloat16(), grad.bfloat16())
+    want = _run(emulated_bf16, x.bfloat16(), grad.bfloat16())
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.bfloat16 and _rel(g, w) <= 2**-8  # one bf16 rounding apart
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fused(x)
+    assert y.dtype == torch.bfloat16 and _rel(y, want[0]) <= 2**-7
