@@ -387,3 +387,15 @@ def test_compiled_scaled_mm_still_checks_shapes_at_run_time():
     )
     with pytest.raises(ValueError, match="a_q .*K=64.*b_q .*K=96"):
         compiled(**bad)
+
+
+def test_triton_that_cannot_be_imported_is_named_in_the_error(monkeypatch):
+    monkeypatch.setattr(backend_mod, "triton_available", lambda: False)
+    why = "ModuleNotFoundError: No module named 'numpy'"
+    monkeypatch.setattr(backend_mod, "_triton_import_error", lambda: why)
+    with pytest.raises(RuntimeError, match="needs triton, which cannot be imported.*numpy"):
+        scaled_mm(**_good(), backend="triton")
+    with pytest.raises(
+        RuntimeError, match="quantize_rowwise: backend='triton' on cpu needs triton"
+    ):
+        mx_kernels.quantize_rowwise(torch.randn(2, 32), backend="triton")

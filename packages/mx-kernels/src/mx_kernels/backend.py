@@ -42,11 +42,23 @@ def interpreter_enabled() -> bool:
 @functools.cache
 def triton_available() -> bool:
     """Whether ``import triton`` works (checked once, lazily: never at import time)."""
+    return _triton_import_error() is None
+
+
+@functools.cache
+def _triton_import_error() -> str | None:
     try:
         import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except ImportError as e:  # not installed, or a dependency missing (the interpreter's numpy)
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _no_triton(op: str, device_type: str, backend: str) -> RuntimeError:
+    return RuntimeError(
+        f"{op}: backend={backend!r} on {device_type} needs triton, which cannot be imported "
+        f"({_triton_import_error()}); pass backend='reference' (casts) or 'emulated' (matmul)"
+    )
 
 
 def log_choice(op: str, backend: str, device_type: str, why: str) -> None:
@@ -66,7 +78,7 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
     Raises:
         ValueError: ``backend`` is not in ``allowed``.
         RuntimeError: Triton was asked for (or is the auto choice on CUDA) but cannot run:
-            triton is not installed, or the tensor is on CPU without ``TRITON_INTERPRET=1``.
+            triton cannot be imported, or the tensor is on CPU without ``TRITON_INTERPRET=1``.
     """
     if backend not in allowed:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(allowed)}")
@@ -77,10 +89,7 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
         log_choice(op, "reference", device.type, "auto: not a CUDA tensor")
         return "reference"
     if not triton_available():
-        raise RuntimeError(
-            f"{op}: the Triton backend is needed for {device.type} tensors "
-            f"(backend={backend!r}) but triton is not installed; pass backend='reference'"
-        )
+        raise _no_triton(op, device.type, backend)
     if device.type != "cuda" and not interpreter_enabled():
         raise RuntimeError(
             f"{op}: backend='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 "
@@ -144,6 +153,6 @@ def resolve_matmul_backend(
             "interpreter); use a CUDA tensor or backend='emulated'"
         )
     if not triton_available():
-        raise RuntimeError(f"{op}: backend='triton' needs triton, which is not installed")
+        raise _no_triton(op, device.type, backend)
     _log(op, "triton", device.type, why)
     return "triton"
