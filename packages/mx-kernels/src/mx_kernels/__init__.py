@@ -10,13 +10,14 @@ from mx_kernels.backend import BACKENDS
 from mx_kernels.cast import quantize_both, quantize_colwise, quantize_rowwise
 from mx_kernels.dequant import dequantize_rowwise
 from mx_kernels.fake_quant import fake_quantize_both, fake_quantize_colwise, fake_quantize_rowwise
-from mx_kernels.matmul import bf16_gemm_design, scaled_mm
+from mx_kernels.matmul import bf16_gemm, bf16_gemm_design, scaled_mm
 from mx_kernels.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
+    "bf16_gemm",
     "bf16_gemm_design",
     "dequantize_rowwise",
     "fake_quantize_both",

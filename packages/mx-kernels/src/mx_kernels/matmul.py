@@ -41,6 +41,7 @@ from mx_kernels.swizzle import swizzle_scales
 
 __all__ = [
     "DEFAULT_DESIGN",
+    "bf16_gemm",
     "bf16_gemm_design",
     "OUT_DTYPES",
     "CublasArgs",
@@ -119,6 +120,18 @@ def scaled_mm(
         a_q.view(u8), a_scale.view(u8), a_fmt, b_q.view(u8), b_scale.view(u8), b_fmt,
         out_dtype, backend,
     )  # fmt: skip
+
+
+def bf16_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b`` as the ``dequant_bf16`` design multiplies: operands in bf16 (exact for
+    MX-valued inputs), fp32 accumulation, one rounding to ``out_dtype``; cuBLAS on CUDA,
+    an fp32 matmul elsewhere. a [M, K], b [K, N], any strides; returns [M, N]."""
+    a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    if a.device.type != "cuda":
+        return (a.float() @ b.float()).to(out_dtype)  # bf16 values are exact in fp32
+    if out_dtype == torch.bfloat16:
+        return a @ b
+    return torch.mm(a, b, out_dtype=torch.float32).to(out_dtype)
 
 
 def bf16_gemm_design(

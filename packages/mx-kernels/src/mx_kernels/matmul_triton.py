@@ -35,6 +35,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from mx_kernels.backend import interpreter_enabled
 from mx_kernels.dequant import dequantize_triton
 from mx_kernels.dequant_triton import e8m0_to_fp32, fp4x2_to_e4m3, store_rounded
+from mx_kernels.matmul import bf16_gemm
 
 __all__ = ["DESIGNS", "TRITON_FORMATS", "autotuned_config", "configs", "scaled_mm_triton"]
 
@@ -271,8 +272,4 @@ def _dequant_bf16_mm(a_q, a_scale, b_q, b_scale, out_dtype: torch.dtype) -> torc
         )
         for q, s in ((a_q, a_scale), (b_q, b_scale))
     )  # fmt: skip
-    if a.device.type != "cuda":
-        return (a.float() @ b.float().t()).to(out_dtype)  # bf16 values are exact in fp32
-    if out_dtype == torch.bfloat16:
-        return a @ b.t()
-    return torch.mm(a, b.t(), out_dtype=torch.float32).to(out_dtype)
+    return bf16_gemm(a, b.t(), out_dtype)

@@ -33,7 +33,7 @@ from torch import nn
 
 import mx_kernels
 from mx_core import MXTensor, get_format
-from mx_kernels.matmul import bf16_gemm_design
+from mx_kernels.matmul import bf16_gemm, bf16_gemm_design
 from mx_nn.config import MXLinearConfig
 
 __all__ = ["MXLinear"]
@@ -130,17 +130,6 @@ class _MXLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, None
 
 
-def _bf16_mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``a @ b`` of MX-valued operands as ``scaled_mm``'s dequant_bf16 design computes it:
-    bf16 operands (exact), fp32 accumulation, one rounding to ``out_dtype``."""
-    a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
-    if a.device.type != "cuda":
-        return (a.float() @ b.float()).to(out_dtype)
-    if out_dtype == torch.bfloat16:
-        return a @ b
-    return torch.mm(a, b, out_dtype=torch.float32).to(out_dtype)
-
-
 class _FakeQuantLinearFunction(torch.autograd.Function):
     """The same three GEMMs where ``scaled_mm`` would dequantize to bf16 anyway (sm90):
     each cast writes the dequantized values (``mx_kernels.fake_quantize_*``, one pass),
@@ -152,7 +141,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         xf = _fake(mx_kernels.fake_quantize_rowwise, x2, c.input_fmt, c)
         wf_row, wf_col = _fake(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
-        y = _bf16_mm(xf, wf_row.t(), x.dtype)
+        y = bf16_gemm(xf, wf_row.t(), x.dtype)
         ctx.save_for_backward(wf_col, x2)
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
         return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -175,9 +164,9 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 x_pad = _pad_rows(x2, c.block_size)
                 xf_col = _fake(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
-                grad_w = _bf16_mm(dyf_col.t(), xf_col, ctx.w_dtype)
+                grad_w = bf16_gemm(dyf_col.t(), xf_col, ctx.w_dtype)
         if ctx.needs_input_grad[0]:
-            grad_x = _bf16_mm(dyf, wf_col, ctx.x_dtype)
+            grad_x = bf16_gemm(dyf, wf_col, ctx.x_dtype)
             grad_x = grad_x.reshape(*grad_output.shape[:-1], wf_col.shape[1])
         return grad_x, grad_w, None
 
