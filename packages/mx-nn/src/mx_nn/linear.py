@@ -43,22 +43,9 @@ _GEMM_BLOCK = 32
 _LOGGED: set[tuple[str, str]] = set()
 
 
-def _cast_rowwise(x: torch.Tensor, fmt: str, c: MXLinearConfig):
-    return mx_kernels.quantize_rowwise(
-        x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend
-    )
-
-
-def _cast_colwise(x: torch.Tensor, fmt: str, c: MXLinearConfig):
-    return mx_kernels.quantize_colwise(
-        x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend
-    )
-
-
-def _cast_both(x: torch.Tensor, fmt: str, c: MXLinearConfig):
-    return mx_kernels.quantize_both(
-        x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend
-    )
+def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
+    """``fn`` (an mx_kernels cast or fake-quantize) with the config's block, mode, backend."""
+    return fn(x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend)
 
 
 def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -86,13 +73,15 @@ class _MXLinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         m = x2.shape[0]
         if c.save_mx_activations and c.needs_colwise_input:
-            x_q, x_s, xt_q, xt_s = _cast_both(_pad_rows(x2, c.block_size), c.input_fmt, c)
+            x_q, x_s, xt_q, xt_s = _cast(
+                mx_kernels.quantize_both, _pad_rows(x2, c.block_size), c.input_fmt, c
+            )
             x_q, x_s = x_q[:m], x_s[:m]
             saved_x = (xt_q, xt_s)
         else:
-            x_q, x_s = _cast_rowwise(x2, c.input_fmt, c)
+            x_q, x_s = _cast(mx_kernels.quantize_rowwise, x2, c.input_fmt, c)
             saved_x = (x2,)
-        w_q, w_s, wt_q, wt_s = _cast_both(weight, c.weight_fmt, c)
+        w_q, w_s, wt_q, wt_s = _cast(mx_kernels.quantize_both, weight, c.weight_fmt, c)
         y = _gemm((x_q, x_s), c.input_fmt, (w_q, w_s), c.weight_fmt, x.dtype, c)
         ctx.save_for_backward(wt_q, wt_s, *saved_x)
         # No shapes on ctx (SymInts there trip torch 2.11's dynamo, as in check_scaled_mm_args).
@@ -110,16 +99,20 @@ class _MXLinearFunction(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 (x2,) = saved_x
                 grad_w = (dy.t() @ x2.to(dy.dtype)).to(ctx.w_dtype)
-            dy_q, dy_s = _cast_rowwise(dy, c.grad_output_fmt, c)
+            dy_q, dy_s = _cast(mx_kernels.quantize_rowwise, dy, c.grad_output_fmt, c)
         else:
-            dy_q, dy_s, dyt_q, dyt_s = _cast_both(_pad_rows(dy, c.block_size), c.grad_output_fmt, c)
+            dy_q, dy_s, dyt_q, dyt_s = _cast(
+                mx_kernels.quantize_both, _pad_rows(dy, c.block_size), c.grad_output_fmt, c
+            )
             dy_q, dy_s = dy_q[:m], dy_s[:m]
             if ctx.needs_input_grad[1]:
                 if c.save_mx_activations:
                     xt_q, xt_s = saved_x
                 else:
                     (x2,) = saved_x
-                    xt_q, xt_s = _cast_colwise(_pad_rows(x2, c.block_size), c.input_fmt, c)
+                    xt_q, xt_s = _cast(
+                        mx_kernels.quantize_colwise, _pad_rows(x2, c.block_size), c.input_fmt, c
+                    )
                 grad_w = _gemm(
                     (dyt_q, dyt_s), c.grad_output_fmt, (xt_q, xt_s), c.input_fmt, ctx.w_dtype, c
                 )
@@ -139,8 +132,8 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        xf = _fake(mx_kernels.fake_quantize_rowwise, x2, c.input_fmt, c)
-        wf_row, wf_col = _fake(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
+        xf = _cast(mx_kernels.fake_quantize_rowwise, x2, c.input_fmt, c)
+        wf_row, wf_col = _cast(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
         y = bf16_gemm(xf, wf_row.t(), x.dtype)
         ctx.save_for_backward(wf_col, x2)
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
@@ -156,23 +149,19 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
         if c.hp_weight_grad:
             if ctx.needs_input_grad[1]:
                 grad_w = (dy.t() @ x2.to(dy.dtype)).to(ctx.w_dtype)
-            dyf = _fake(mx_kernels.fake_quantize_rowwise, dy, c.grad_output_fmt, c)
+            dyf = _cast(mx_kernels.fake_quantize_rowwise, dy, c.grad_output_fmt, c)
         else:
             dy_pad = _pad_rows(dy, c.block_size)  # colwise blocks run along M
-            dyf, dyf_col = _fake(mx_kernels.fake_quantize_both, dy_pad, c.grad_output_fmt, c)
+            dyf, dyf_col = _cast(mx_kernels.fake_quantize_both, dy_pad, c.grad_output_fmt, c)
             dyf = dyf[:m]
             if ctx.needs_input_grad[1]:
                 x_pad = _pad_rows(x2, c.block_size)
-                xf_col = _fake(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
+                xf_col = _cast(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
                 grad_w = bf16_gemm(dyf_col.t(), xf_col, ctx.w_dtype)
         if ctx.needs_input_grad[0]:
             grad_x = bf16_gemm(dyf, wf_col, ctx.x_dtype)
             grad_x = grad_x.reshape(*grad_output.shape[:-1], wf_col.shape[1])
         return grad_x, grad_w, None
-
-
-def _fake(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
-    return fn(x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend)
 
 
 def _fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype) -> bool:
