@@ -26,18 +26,16 @@ from mx_kernels.cast import TILE_CONFIGS, _empty_cast, _launch
 
 SHAPES = [(16384, 4096), (16384, 8192), (8192, 14336)]
 TARGETS = {"rowwise": 0.90, "colwise": 0.85, "both": 0.85}
-# (BLOCK_M, BLOCK_K, num_warps) candidates per cast kind.
+# Candidates per cast kind: (BLOCK_M, BLOCK_K, num_warps), or with (programs_per_sm,
+# stages) added, a persistent grid whose programs loop over tiles with cp.async-pipelined
+# loads (more bytes in flight per warp; see mx_kernels.cast._launch).
 _COL_TILES = [(64, 128, 2), (32, 64, 1), (64, 64, 1), (32, 128, 1), (64, 128, 4), (128, 64, 2)]
+_PERSISTENT = [(2, 2), (4, 2), (4, 3), (8, 2), (16, 2)]
 SWEEP = {
-    "rowwise": [
-        (16, 512, 4),
-        (32, 256, 2),
-        (16, 256, 2),
-        (8, 1024, 4),
-        (8, 512, 2),
-    ],  # fmt: skip
-    "colwise": _COL_TILES,
-    "both": _COL_TILES,
+    "rowwise": [(16, 512, 4), (32, 256, 2), (16, 256, 2), (8, 1024, 4), (8, 512, 2)]
+    + [(8, 1024, 4, *p) for p in _PERSISTENT],
+    "colwise": _COL_TILES + [(64, 128, 2, *p) for p in _PERSISTENT],
+    "both": _COL_TILES + [(32, 64, 1, *p) for p in _PERSISTENT + [(32, 2)]],
 }
 
 
@@ -225,13 +223,13 @@ def main(argv=None) -> int:
         # MXLinear's sm90 path: both fake-quantized copies from one read (2 + 4 bytes).
         ms = _bench(lambda x=x: mx_kernels.fake_quantize_both(x, args.fmt, scale_mode=args.mode))
         bw = 6 * m * k / ms / 1e9
-        rows.append((f"{m}x{k}", "fake_quantize_both -> bf16 x2", "(32, 64, 1)", ms, bw,
+        rows.append((f"{m}x{k}", "fake_quantize_both -> bf16 x2", TILE_CONFIGS["both"], ms, bw,
                      bw / copy_bw, None))  # fmt: skip
 
     lines = [
         f"copy bandwidth {copy_bw:.2f} TB/s; {args.fmt}, scale mode {args.mode}, bf16 in",
         "",
-        "| shape | cast | tile (BM, BK, warps) | ms | TB/s | / copy | target |",
+        "| shape | cast | tile (BM, BK, warps[, per SM, stages]) | ms | TB/s | / copy | target |",
         "|---|---|---|---|---|---|---|",
     ]
     for shape, kind, label, ms, bw, ratio, target in rows:

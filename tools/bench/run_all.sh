@@ -20,8 +20,8 @@ step() {  # step NAME SECONDS COMMAND...
   echo "$name: exit $rc"
   ((rc == 0)) || status=1
 }
-step casts 150 python3 casts.py --check quick
-step gemm 250 python3 gemm.py --designs "$designs"
-step linear 170 python3 linear.py --compile
+step casts 220 python3 casts.py --check quick --sweep
+step gemm 200 python3 gemm.py --designs "$designs"
+step linear 150 python3 linear.py --compile
 grep -h "check\|FAIL\|fused vs" "$OUT"/*_log.txt | head -20
 exit $status

@@ -77,7 +77,9 @@ def test_colwise_and_both_bit_exact(fmt, mode, dtype):
     _assert_same((q_col, s_col), want_col)
 
 
-@pytest.mark.parametrize("tile", [(32, 64, 4), (64, 32, 2), (8, 128, 1)])
+@pytest.mark.parametrize(
+    "tile", [(32, 64, 4), (64, 32, 2), (8, 128, 1), (32, 64, 1, 4, 2), (8, 128, 2, 8, 3)]
+)
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp6_e3m2", "fp4_e2m1"])
 def test_tile_variants_bit_exact(fmt, tile):
     """Other tile shapes compute the same bits (the benchmark sweeps them); ragged M and

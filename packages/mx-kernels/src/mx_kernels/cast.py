@@ -54,9 +54,10 @@ def _choose(
     return "reference"
 
 
-# (BLOCK_M, BLOCK_K, num_warps) per cast kind: the best of tools/bench/casts.py --sweep
-# on the H200 at the benchmark shapes (BENCHMARKS.md). Tiles grow to hold one MX block.
-TILE_CONFIGS: dict[str, tuple[int, int, int]] = {
+# (BLOCK_M, BLOCK_K, num_warps[, programs_per_sm, stages]) per cast kind (see _launch):
+# the best of tools/bench/casts.py --sweep on the H200 at the benchmark shapes
+# (BENCHMARKS.md). Tiles grow to hold one MX block.
+TILE_CONFIGS: dict[str, tuple[int, ...]] = {
     "rowwise": (8, 1024, 4),
     # Two warps on 64x128: each thread has sixteen 16-byte loads in flight, twice as many
     # as with four warps; measured 0.74 of copy bandwidth against 0.48 at 16384x8192.
@@ -66,11 +67,18 @@ TILE_CONFIGS: dict[str, tuple[int, int, int]] = {
 _INTERPRETER_TILE = (32, 64, 4)  # small: the interpreter's cost grows with tile size
 
 
-def _tile(kind: str, block_size: int, tile: tuple[int, int, int] | None) -> tuple[int, int, int]:
-    block_m, block_k, warps = tile or (
+def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> tuple[int, ...]:
+    block_m, block_k, *rest = tile or (
         _INTERPRETER_TILE if interpreter_enabled() else TILE_CONFIGS[kind]
     )
-    return max(block_m, block_size if kind != "rowwise" else 1), max(block_k, block_size), warps
+    block_m = max(block_m, block_size if kind != "rowwise" else 1)
+    return (block_m, max(block_k, block_size), *rest)
+
+
+def _programs_per_sm_cap(device: torch.device, programs_per_sm: int) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count * programs_per_sm
+    return 2  # interpreter: fewer programs than tiles, so the tile loop is exercised
 
 
 def _launch(
@@ -82,7 +90,7 @@ def _launch(
     s_row,
     q_col,
     s_col,
-    tile: tuple[int, int, int] | None = None,
+    tile: tuple[int, ...] | None = None,
     hw_round: bool | None = None,
     dequantized: bool = False,
 ) -> None:
@@ -91,9 +99,11 @@ def _launch(
     ``dequantized``: q_row and q_col receive the fake-quantized values instead (in their
     own dtype, both [M, K] row-major), s_row and s_col must be None.
 
-    ``tile`` overrides the (BLOCK_M, BLOCK_K, num_warps) choice and ``hw_round`` the
-    rounding path (default: the GPU's fp8 conversion on CUDA, fp32 arithmetic in the
-    interpreter); benchmarks sweep both. Both paths are bit-exact where they run.
+    ``tile`` overrides the (BLOCK_M, BLOCK_K, num_warps) choice, optionally extended by
+    (programs_per_sm, stages) for a persistent grid whose programs loop over tiles with
+    software-pipelined loads; ``hw_round`` overrides the rounding path (default: the
+    GPU's fp8 conversion on CUDA, fp32 arithmetic in the interpreter). Benchmarks sweep
+    these; every choice is bit-exact where it runs.
     """
     import triton
 
@@ -102,13 +112,19 @@ def _launch(
     m, k = x2d.shape
     rowwise, colwise = q_row is not None, q_col is not None
     kind = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
-    block_m, block_k, warps = _tile(kind, block_size, tile)
+    block_m, block_k, warps, *persistent = _tile(kind, block_size, tile)
     dummy = torch.empty(0, dtype=torch.uint8, device=x2d.device)
 
     def u8(t):
         return dummy if t is None else t if dequantized else t.view(torch.uint8)
 
     grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
+    tiles_per_program, stages = 1, 1
+    if persistent:
+        programs_per_sm, stages = persistent
+        tiles = grid[0] * grid[1]
+        grid = (min(tiles, _programs_per_sm_cap(x2d.device, programs_per_sm)),)
+        tiles_per_program = triton.cdiv(tiles, grid[0])
     mx_cast_kernel[grid](
         x2d,
         u8(q_row),
@@ -119,6 +135,7 @@ def _launch(
         k,
         x2d.stride(0),
         x2d.stride(1),
+        tiles_per_program,
         BLOCK_M=block_m,
         BLOCK_K=block_k,
         BS=block_size,
@@ -135,6 +152,8 @@ def _launch(
         ROWWISE=rowwise,
         COLWISE=colwise,
         DEQ=dequantized,
+        PERSISTENT=bool(persistent),
+        STAGES=stages,
         num_warps=warps,
     )
 

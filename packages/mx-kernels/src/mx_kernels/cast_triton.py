@@ -137,14 +137,14 @@ def _pack(codes, PACK: tl.constexpr):
 @triton.jit
 def mx_cast_kernel(
     x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr,
-    M, K, stride_xm, stride_xk,
+    M, K, stride_xm, stride_xk, TILES_PER_PROGRAM,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr,
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
-    DEQ: tl.constexpr,
+    DEQ: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    """One [BLOCK_M, BLOCK_K] tile of x [M, K]: rowwise and/or columnwise MX cast.
+    """Rowwise and/or columnwise MX cast of x [M, K], tile by [BLOCK_M, BLOCK_K] tile.
 
     Rowwise writes q [M, K // PACK] and s [M, K // BS]; columnwise writes the row-major
     cast of x^T: q_t [K, M // PACK] and s_t [K, M // BS]. PACK = 2 packs fp4 codes two per
@@ -152,9 +152,40 @@ def mx_cast_kernel(
 
     DEQ (fake quantization) writes the dequantized values instead, rounded to the
     outputs' dtype, both in x's [M, K] layout (contiguous), and no scales.
+
+    Grid: one program per tile (a 2-D grid), or PERSISTENT: a 1-D grid whose programs
+    each take TILES_PER_PROGRAM tiles, strided by the grid size, with the next tile's
+    load software-pipelined over STAGES (more bytes in flight per warp). Tiles past the
+    end fall outside x and every mask.
     """
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    if PERSISTENT:
+        tiles_k = tl.cdiv(K, BLOCK_K)
+        for i in tl.range(0, TILES_PER_PROGRAM, num_stages=STAGES):
+            tile = tl.program_id(0) + i * tl.num_programs(0)
+            _cast_tile(
+                x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
+                tile // tiles_k, tile % tiles_k, BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS,
+                MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE, COLWISE, DEQ,
+            )  # fmt: skip
+    else:
+        _cast_tile(
+            x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
+            tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS,
+            MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE, COLWISE, DEQ,
+        )  # fmt: skip
+
+
+@triton.jit
+def _cast_tile(
+    x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr,
+    M, K, stride_xm, stride_xk, pid_m, pid_k,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr,
+    FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
+    PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
+    DEQ: tl.constexpr,
+):  # fmt: skip
+    """Tile (pid_m, pid_k) of :func:`mx_cast_kernel`."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
