@@ -150,7 +150,7 @@ def test_fp6_and_fp4_bit_exact(fmt, mode):
 def test_block_sizes_without_triton_run_the_reference_when_auto(caplog, monkeypatch):
     x = _data((4, 36), torch.float32)
     # auto picks Triton only for CUDA tensors; pretend this one is, to reach the choice.
-    monkeypatch.setattr(mx_kernels.cast, "resolve_backend", lambda op, backend, device: "triton")
+    monkeypatch.setattr(mx_kernels.backend, "resolve_backend", lambda op, backend, device: "triton")
     with caplog.at_level(logging.INFO, logger="mx_kernels"):
         _assert_same(
             mx_kernels.quantize_rowwise(x, block_size=6), mx_core.quantize(x, block_size=6)

@@ -18,9 +18,12 @@ import torch
 __all__ = [
     "BACKENDS",
     "MATMUL_BACKENDS",
+    "TRITON_BLOCK_SIZES",
     "interpreter_enabled",
     "log_choice",
+    "persistent_programs",
     "resolve_backend",
+    "resolve_backend_for",
     "resolve_matmul_backend",
     "triton_available",
 ]
@@ -97,6 +100,31 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
         )
     log_choice(op, "triton", device.type, backend)
     return "triton"
+
+
+TRITON_BLOCK_SIZES: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
+"""Block sizes the Triton casts and dequantize handle."""
+
+
+def resolve_backend_for(op: str, backend: str, device: torch.device, gap: str | None) -> str:
+    """:func:`resolve_backend`, then the reference where Triton cannot run these
+    arguments (``gap`` says why; None: it can): logged for ``"auto"``, a ValueError for
+    ``"triton"``."""
+    impl = resolve_backend(op, backend, device)
+    if impl != "triton" or gap is None:
+        return impl
+    if backend == "triton":
+        raise ValueError(f"{op}: backend='triton' cannot run these arguments: {gap}")
+    log_choice(op, "reference", device.type, gap)
+    return "reference"
+
+
+def persistent_programs(device: torch.device, per_sm: int = 1) -> int:
+    """Programs of a persistent grid: ``per_sm`` per SM on CUDA; 2 under the
+    interpreter, fewer than tiles, so the kernels' tile loops are exercised."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count * per_sm
+    return 2
 
 
 def resolve_matmul_backend(

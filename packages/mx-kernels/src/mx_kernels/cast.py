@@ -23,17 +23,15 @@ import torch
 
 import mx_core
 from mx_core import ElementFormat, get_format, get_scale_mode
-from mx_kernels.backend import BACKENDS, interpreter_enabled, log_choice, resolve_backend
+from mx_kernels.backend import (
+    BACKENDS,
+    TRITON_BLOCK_SIZES,
+    interpreter_enabled,
+    persistent_programs,
+    resolve_backend_for,
+)
 
 __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
-
-_TRITON_BLOCK_SIZES = (2, 4, 8, 16, 32, 64, 128)
-
-
-def _triton_gap(block_size: int) -> str | None:
-    if block_size not in _TRITON_BLOCK_SIZES:
-        return f"block_size={block_size} has no Triton cast (Triton: {_TRITON_BLOCK_SIZES})"
-    return None
 
 
 def _choose(
@@ -44,14 +42,10 @@ def _choose(
     and op bodies always run on real tensors."""
     for dim in dims:
         mx_core.check_quantize_args(x, block_size, dim, fn=op)
-    impl = resolve_backend(op, backend, x.device)
-    gap = _triton_gap(block_size) if impl == "triton" else None
-    if gap is None:
-        return impl
-    if backend == "triton":
-        raise ValueError(f"{op}: backend='triton' cannot run this cast: {gap}")
-    log_choice(op, "reference", x.device.type, gap)
-    return "reference"
+    gap = None
+    if block_size not in TRITON_BLOCK_SIZES:
+        gap = f"block_size={block_size} has no Triton cast (Triton: {TRITON_BLOCK_SIZES})"
+    return resolve_backend_for(op, backend, x.device, gap)
 
 
 # (BLOCK_M, BLOCK_K, num_warps[, programs_per_sm, stages]) per cast kind (see _launch):
@@ -73,12 +67,6 @@ def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> tuple[int
     )
     block_m = max(block_m, block_size if kind != "rowwise" else 1)
     return (block_m, max(block_k, block_size), *rest)
-
-
-def _programs_per_sm_cap(device: torch.device, programs_per_sm: int) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count * programs_per_sm
-    return 2  # interpreter: fewer programs than tiles, so the tile loop is exercised
 
 
 def _launch(
@@ -123,7 +111,7 @@ def _launch(
     if persistent:
         programs_per_sm, stages = persistent
         tiles = grid[0] * grid[1]
-        grid = (min(tiles, _programs_per_sm_cap(x2d.device, programs_per_sm)),)
+        grid = (min(tiles, persistent_programs(x2d.device, programs_per_sm)),)
         tiles_per_program = triton.cdiv(tiles, grid[0])
     mx_cast_kernel[grid](
         x2d,

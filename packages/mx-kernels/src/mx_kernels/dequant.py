@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from mx_core import MXTensor, get_format
-from mx_kernels.backend import BACKENDS, log_choice, resolve_backend
+from mx_kernels.backend import BACKENDS, TRITON_BLOCK_SIZES, resolve_backend_for
 
 __all__ = ["DEQUANT_DTYPES", "dequantize_rowwise"]
 
@@ -22,7 +22,6 @@ DEQUANT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.
 """Output dtypes of :func:`dequantize_rowwise`."""
 
 _TRITON_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
-_TRITON_BLOCK_SIZES = (2, 4, 8, 16, 32, 64, 128)
 _TILE = (32, 256, 4)  # (BLOCK_M, BLOCK_K, num_warps): a streaming kernel, 16 B per thread
 
 
@@ -90,7 +89,7 @@ def _check(qdata, scale, fmt: str, block_size: int, out_dtype, backend) -> None:
 def _triton_gap(fmt: str, block_size: int) -> str | None:
     if fmt not in _TRITON_FORMATS:
         return f"{fmt} has no Triton dequantize (Triton: {', '.join(_TRITON_FORMATS)})"
-    if block_size not in _TRITON_BLOCK_SIZES:
+    if block_size not in TRITON_BLOCK_SIZES:
         return f"block_size={block_size} has no Triton dequantize"
     return None
 
@@ -104,14 +103,8 @@ def _dequantize_rowwise_op(
     out_dtype: torch.dtype,
     backend: str,
 ) -> torch.Tensor:
-    impl = resolve_backend("dequantize_rowwise", backend, q_bytes.device)
-    gap = _triton_gap(fmt, block_size) if impl == "triton" else None
-    if gap is not None:
-        if backend == "triton":
-            raise ValueError(f"dequantize_rowwise: backend='triton' cannot run this: {gap}")
-        log_choice("dequantize_rowwise", "reference", q_bytes.device.type, gap)
-        impl = "reference"
-    if impl == "reference":
+    gap = _triton_gap(fmt, block_size)
+    if resolve_backend_for("dequantize_rowwise", backend, q_bytes.device, gap) == "reference":
         qdata = (
             q_bytes
             if fmt not in ("fp8_e4m3", "fp8_e5m2")

@@ -41,6 +41,7 @@ from mx_kernels.swizzle import swizzle_scales
 
 __all__ = [
     "DEFAULT_DESIGN",
+    "DESIGNS",
     "bf16_gemm",
     "bf16_gemm_design",
     "OUT_DTYPES",
@@ -67,7 +68,8 @@ _EXPECTED_DTYPES = (
     "float8_e4m3fn, float8_e5m2, or fp4_e2m1 packed two per byte (uint8 or float4_e2m1fn_x2)"
 )
 _DESIGN_ENV = "MX_KERNELS_MM_DESIGN"
-_DESIGNS = ("dot_scaled", "fp8_mma", "dequant_bf16")  # matmul_triton.DESIGNS, without triton
+DESIGNS: tuple[str, ...] = ("dot_scaled", "fp8_mma", "dequant_bf16")
+"""Designs of the ``"triton"`` backend (:mod:`mx_kernels.matmul_triton` describes each)."""
 DEFAULT_DESIGN = "dequant_bf16"
 """Design of the ``"triton"`` backend unless ``MX_KERNELS_MM_DESIGN`` names another: the
 fastest on the H200 at every benchmark shape (BENCHMARKS.md)."""
@@ -258,8 +260,8 @@ def _scaled_mm_op(
     from mx_kernels.matmul_triton import scaled_mm_triton  # imports triton: only when used
 
     design = os.environ.get(_DESIGN_ENV, DEFAULT_DESIGN)
-    if design not in _DESIGNS:
-        allowed = ", ".join(_DESIGNS)
+    if design not in DESIGNS:
+        allowed = ", ".join(DESIGNS)
         raise ValueError(f"scaled_mm: {_DESIGN_ENV}={design!r}; allowed: {allowed}")
     log_choice("scaled_mm", f"triton design {design}", a_q.device.type, _DESIGN_WHY[design])
     return scaled_mm_triton(a_q, a_scale, b_q, b_scale, out_dtype, design=design)

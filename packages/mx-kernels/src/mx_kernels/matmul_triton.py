@@ -32,15 +32,13 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from mx_kernels.backend import interpreter_enabled
+from mx_kernels.backend import interpreter_enabled, persistent_programs
 from mx_kernels.dequant import dequantize_triton
 from mx_kernels.dequant_triton import e8m0_to_fp32, fp4x2_to_e4m3, store_rounded
-from mx_kernels.matmul import bf16_gemm
+from mx_kernels.matmul import DESIGNS, bf16_gemm
 
 __all__ = ["DESIGNS", "TRITON_FORMATS", "autotuned_config", "configs", "scaled_mm_triton"]
 
-DESIGNS: tuple[str, ...] = ("dot_scaled", "fp8_mma", "dequant_bf16")
-"""Kernel designs of the Triton backend."""
 
 TRITON_FORMATS = {
     torch.float8_e4m3fn: "e4m3",
@@ -186,12 +184,6 @@ def autotuned_config(design: str) -> triton.Config | None:
     return getattr(_autotuned(design, interpreter_enabled()), "best_config", None)
 
 
-def _num_programs_cap(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2  # interpreter: fewer programs than tiles, so the tile loop is exercised
-
-
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     """Contiguous, 16-byte-aligned base (TMA's requirement; row strides are K or K / 2
     bytes, multiples of 16 since K % 32 == 0)."""
@@ -235,7 +227,7 @@ def scaled_mm_triton(
     # Block shapes are placeholders until the config's pre-hook sizes them.
     a_desc = TensorDescriptor.from_tensor(a_q, [1, 16])
     b_desc = TensorDescriptor.from_tensor(b_q, [1, 16])
-    cap = _num_programs_cap(a_q.device)
+    cap = persistent_programs(a_q.device)
     args = dict(
         a_desc=a_desc, b_desc=b_desc, a_scale_ptr=a_scale, b_scale_ptr=b_scale, c_ptr=out,
         M=m, N=n, K=k, stride_cm=out.stride(0), NUM_SMS=cap, A_PACK=a_pack, B_PACK=b_pack,
