@@ -10,7 +10,7 @@ import torch
 
 import mx_core
 import mx_kernels
-from mx_core.testing import semantic_inputs
+from mx_core.testing import assert_same_bits, semantic_inputs
 
 TRITON_FMTS = ["fp8_e4m3", "fp8_e5m2", "fp4_e2m1"]
 OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -22,15 +22,6 @@ def _data(shape, seed=0, spread=20):
     return x * torch.exp2(torch.randint(-spread, spread + 1, shape[:-1], generator=g)).unsqueeze(-1)
 
 
-def _same(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Bit-equal, except that NaNs only need to be NaN (their payloads may differ)."""
-    assert got.dtype == want.dtype and got.shape == want.shape
-    assert torch.equal(got.isnan(), want.isnan())
-    bits = torch.int16 if got.element_size() == 2 else torch.int32
-    ok = ~want.isnan()
-    assert torch.equal(got[ok].view(bits), want[ok].view(bits))
-
-
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @pytest.mark.parametrize("fmt", TRITON_FMTS)
 @pytest.mark.parametrize("shape", [(1, 32), (33, 64), (2, 17, 96), (5, 544)], ids=str)
@@ -39,7 +30,7 @@ def test_bit_exact(shape, fmt, out_dtype):
     t = mx_core.quantize(_data(shape, spread=spread), fmt)
     got = mx_kernels.dequantize_rowwise(t.qdata, t.scale, fmt, out_dtype=out_dtype,
                                         backend="triton")  # fmt: skip
-    _same(got, t.dequantize(out_dtype))
+    assert_same_bits(got, t.dequantize(out_dtype))
 
 
 @pytest.mark.parametrize("fmt", TRITON_FMTS)
@@ -49,7 +40,7 @@ def test_semantics_table_and_nan_blocks(fmt):
     for dtype in (torch.float32, torch.bfloat16):
         got = mx_kernels.dequantize_rowwise(t.qdata, t.scale, fmt, out_dtype=dtype,
                                             backend="triton")  # fmt: skip
-        _same(got, t.dequantize(dtype))
+        assert_same_bits(got, t.dequantize(dtype))
 
 
 @pytest.mark.parametrize("block_size", [16, 64])
@@ -59,7 +50,7 @@ def test_other_block_sizes(block_size):
         t.qdata, t.scale, "fp8_e4m3", block_size=block_size, out_dtype=torch.float32,
         backend="triton",
     )  # fmt: skip
-    _same(got, t.dequantize(torch.float32))
+    assert_same_bits(got, t.dequantize(torch.float32))
 
 
 def test_every_scale_byte():
@@ -69,7 +60,7 @@ def test_every_scale_byte():
     want = mx_core.MXTensor(qdata=codes, scale=scale, fmt="fp8_e4m3", block_size=32, dim=1,
                             orig_dtype=torch.float32).dequantize()  # fmt: skip
     got = mx_kernels.dequantize_rowwise(codes, scale, out_dtype=torch.float32, backend="triton")
-    _same(got, want)
+    assert_same_bits(got, want)
 
 
 def test_fp6_runs_the_reference_when_auto_and_says_so(caplog, monkeypatch):
@@ -78,7 +69,7 @@ def test_fp6_runs_the_reference_when_auto_and_says_so(caplog, monkeypatch):
     with caplog.at_level(logging.INFO, logger="mx_kernels"):
         got = mx_kernels.dequantize_rowwise(t.qdata, t.scale, "fp6_e2m3",
                                             out_dtype=torch.float32)  # fmt: skip
-    _same(got, t.dequantize(torch.float32))
+    assert_same_bits(got, t.dequantize(torch.float32))
     assert "dequantize_rowwise: reference backend on cpu" in caplog.text
     with pytest.raises(ValueError, match="fp6_e2m3 has no Triton dequantize"):
         mx_kernels.dequantize_rowwise(t.qdata, t.scale, "fp6_e2m3", backend="triton")
@@ -89,7 +80,7 @@ def test_float4_storage_dtype_is_accepted():
     packed = t.qdata.view(torch.float4_e2m1fn_x2)
     got = mx_kernels.dequantize_rowwise(packed, t.scale, "fp4_e2m1", out_dtype=torch.float32,
                                         backend="triton")  # fmt: skip
-    _same(got, t.dequantize(torch.float32))
+    assert_same_bits(got, t.dequantize(torch.float32))
 
 
 _T = mx_core.quantize(torch.randn(4, 64), "fp8_e4m3")
@@ -129,4 +120,4 @@ def test_compiles_without_graph_breaks():
     x = _data((32, 96))
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend="inductor")
-    _same(compiled(x), f(x))
+    assert_same_bits(compiled(x), f(x))

@@ -23,6 +23,7 @@ from mx_core.scale import ScaleMode
 __all__ = [
     "SEMANTIC_CASES",
     "SemanticCase",
+    "assert_same_bits",
     "oracle_quantize",
     "semantic_block",
     "semantic_inputs",
@@ -232,6 +233,16 @@ def semantic_inputs(fmt: str, dtype: torch.dtype) -> torch.Tensor:
     if not rows:
         return torch.empty(0, BLOCK, dtype=dtype)
     return torch.stack(rows)
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Assert equal dtype, shape and bit patterns (signed zeros included), except that
+    NaNs only need to be NaN: their payloads may differ between implementations."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan())
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+    ok = ~want.isnan()
+    assert torch.equal(got[ok].view(bits), want[ok].view(bits))
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
