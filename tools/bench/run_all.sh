@@ -4,6 +4,7 @@
 # results). From the repository root on the GPU machine:
 #   bash tools/bench/run_all.sh            # writes $OUT/{casts,gemm,linear}{.md,_log.txt}
 #   GEMM_DESIGNS=dequant_bf16 bash tools/bench/run_all.sh   # skip the slow fused designs
+#   STEPS="casts profile linear" bash tools/bench/run_all.sh  # a subset; profile = ncu
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$root/packages/mx-core/src:$root/packages/mx-kernels/src:$root/packages/mx-dtensor/src:$root/packages/mx-nn/src
@@ -20,8 +21,14 @@ step() {  # step NAME SECONDS COMMAND...
   echo "$name: exit $rc"
   ((rc == 0)) || status=1
 }
-step casts 220 python3 casts.py --check quick --sweep
-step gemm 200 python3 gemm.py --designs "$designs"
-step linear 150 python3 linear.py --compile
+steps=" ${STEPS:-casts gemm linear} "
+[[ $steps == *" casts "* ]] && step casts 250 python3 casts.py --check quick --sweep
+[[ $steps == *" gemm "* ]] && step gemm 200 python3 gemm.py --designs "$designs"
+[[ $steps == *" linear "* ]] && step linear 170 python3 linear.py --compile
+[[ $steps == *" profile "* ]] && step profile 100 ncu --clock-control none \
+  --profile-from-start off --section SpeedOfLight --section Occupancy \
+  --section LaunchStats --section WarpStateStats --section InstructionStats \
+  --metrics breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_requests_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_write.sum,lts__t_sectors_srcunit_tex_op_write.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+  python3 profile_casts.py
 grep -h "check\|FAIL\|fused vs" "$OUT"/*_log.txt | head -20
 exit $status

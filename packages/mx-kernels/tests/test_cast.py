@@ -90,14 +90,26 @@ def test_tile_variants_bit_exact(fmt, tile):
     want_col = mx_core.quantize(x[:64].t().contiguous(), fmt)
     f = mx_core.get_format(fmt)
     q_row, s_row = mx_kernels.cast._empty_cast(x.shape, f, 32, x.device)
-    q_col, s_col = mx_kernels.cast._empty_cast(x[:64].t().shape, f, 32, x.device)
+    q_col, s_col = mx_kernels.cast._empty_cast_t(x[:64].shape, f, 32, x.device)
     mx_kernels.cast._launch(x, f, 32, "rceil", q_row, s_row, None, None, tile=tile)
     _assert_same((q_row, s_row), want_row)
     mx_kernels.cast._launch(x[:64], f, 32, "rceil", None, None, q_col, s_col, tile=tile)
-    _assert_same((q_col, s_col), want_col)
+    _assert_same((q_col, s_col.t()), want_col)
     q_col.zero_()
     mx_kernels.cast._launch(x[:64], f, 32, "rceil", q_row[:64], s_row[:64], q_col, s_col, tile=tile)
-    _assert_same((q_col, s_col), want_col)
+    _assert_same((q_col, s_col.t()), want_col)
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_colwise_layouts(backend):
+    """qdata_t is row-major; scale_t [K, M // 32] is column-major (its transpose is the
+    contiguous [M // 32, K] buffer), from every backend and both ops."""
+    x = _data((96, 64), torch.bfloat16, seed=5)
+    q_t, s_t = mx_kernels.quantize_colwise(x, backend=backend)
+    *_, q_t2, s_t2 = mx_kernels.quantize_both(x, backend=backend)
+    for q, s in ((q_t, s_t), (q_t2, s_t2)):
+        assert q.shape == (64, 96) and q.is_contiguous()
+        assert s.shape == (64, 3) and s.stride() == (1, 64) and s.t().is_contiguous()
 
 
 @pytest.mark.parametrize("block_size", [16, 64])

@@ -10,7 +10,10 @@ function               op                               blocks along
 ``quantize_both``      ``mx::quantize_both``            both of the above
 =====================  ===============================  ==========================
 
-All three are bit-identical to :func:`mx_core.quantize`. Triton runs every format and
+All three are bit-identical to :func:`mx_core.quantize`. The columnwise scales come back
+column-major (``scale_t.t()`` is contiguous; see :func:`quantize_colwise`); the ops
+themselves return that contiguous [M // block_size, K] buffer, which the functions
+transpose. Triton runs every format and
 scale mode for power-of-two block sizes up to 128 (fp6/fp4 codes are built in integer
 arithmetic; fp8 uses the GPU's conversion); other block sizes run mx-core's reference
 on the same device (``backend="auto"`` logs that choice once; ``backend="triton"``
@@ -48,15 +51,18 @@ def _choose(
     return resolve_backend_for(op, backend, x.device, gap)
 
 
-# (BLOCK_M, BLOCK_K, num_warps[, programs_per_sm, stages]) per cast kind (see _launch):
-# the best of tools/bench/casts.py --sweep on the H200 at the benchmark shapes
-# (BENCHMARKS.md). Tiles grow to hold one MX block.
+# (BLOCK_M, BLOCK_K, num_warps[, programs_per_sm, stages]) per cast kind (see _launch),
+# "fake_" kinds for the fake-quantize outputs: the best of tools/bench/casts.py --sweep
+# on the H200 at 16384x8192 (BENCHMARKS.md). Tiles grow to hold one MX block.
+# Columnwise tiles are one MX block tall: the block's amax is then reduced within a warp
+# (two warps split the rows of "both", which writes twice the bytes per load).
 TILE_CONFIGS: dict[str, tuple[int, ...]] = {
     "rowwise": (8, 1024, 4),
-    # Two warps on 64x128: each thread has sixteen 16-byte loads in flight, twice as many
-    # as with four warps; measured 0.74 of copy bandwidth against 0.48 at 16384x8192.
-    "colwise": (64, 128, 2),
-    "both": (32, 64, 1),
+    "colwise": (32, 128, 1),
+    "both": (32, 128, 2),
+    "fake_rowwise": (8, 1024, 4),
+    "fake_colwise": (32, 128, 1),
+    "fake_both": (32, 128, 2),
 }
 _INTERPRETER_TILE = (32, 64, 4)  # small: the interpreter's cost grows with tile size
 
@@ -65,7 +71,7 @@ def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> tuple[int
     block_m, block_k, *rest = tile or (
         _INTERPRETER_TILE if interpreter_enabled() else TILE_CONFIGS[kind]
     )
-    block_m = max(block_m, block_size if kind != "rowwise" else 1)
+    block_m = max(block_m, 1 if kind.endswith("rowwise") else block_size)
     return (block_m, max(block_k, block_size), *rest)
 
 
@@ -100,6 +106,7 @@ def _launch(
     m, k = x2d.shape
     rowwise, colwise = q_row is not None, q_col is not None
     kind = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
+    kind = f"fake_{kind}" if dequantized else kind
     block_m, block_k, warps, *persistent = _tile(kind, block_size, tile)
     dummy = torch.empty(0, dtype=torch.uint8, device=x2d.device)
 
@@ -157,9 +164,30 @@ def _empty_cast(
     return qdata, scale
 
 
+def _empty_cast_t(
+    x_shape, fmt: ElementFormat, block_size: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised outputs of the columnwise op for a 2-D x of ``x_shape`` [M, K]:
+    qdata_t [K, M] and the scales' buffer [M // block_size, K], both contiguous.
+
+    The ops return that buffer and the public functions its transpose, scale_t: the
+    ops' outputs stay contiguous, since with a transposed output Inductor's generated
+    code asserted contiguous strides once shapes turned dynamic (torch 2.13)."""
+    m, k = x_shape
+    qdata_t, _ = _empty_cast((k, m), fmt, block_size, device)
+    scale_buf = torch.empty(m // block_size, k, dtype=torch.float8_e8m0fnu, device=device)
+    return qdata_t, scale_buf
+
+
 def _reference(x, fmt, block_size, scale_mode):
     t = mx_core.quantize(x, fmt, block_size=block_size, dim=-1, scale_mode=scale_mode)
     return t.qdata, t.scale
+
+
+def _reference_t(x, fmt, block_size, scale_mode):
+    """mx-core's columnwise cast of x [M, K], in the layout of :func:`_empty_cast_t`."""
+    qdata_t, scale_t = _reference(x.t().contiguous(), fmt, block_size, scale_mode)
+    return qdata_t, scale_t.t().contiguous()
 
 
 @torch.library.custom_op("mx::quantize_rowwise", mutates_args=())
@@ -185,15 +213,15 @@ def _quantize_colwise_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     f = get_format(fmt)
     if _choose("quantize_colwise", backend, x, f, block_size, (0,)) == "reference":
-        return _reference(x.t().contiguous(), f, block_size, scale_mode)
-    q_t, s_t = _empty_cast(x.t().shape, f, block_size, x.device)
+        return _reference_t(x, f, block_size, scale_mode)
+    q_t, s_t = _empty_cast_t(x.shape, f, block_size, x.device)
     _launch(x, f, block_size, scale_mode, None, None, q_t, s_t)
     return q_t, s_t
 
 
 @_quantize_colwise_op.register_fake
 def _(x, fmt, block_size, scale_mode, backend):
-    return _empty_cast(x.t().shape, get_format(fmt), block_size, x.device)
+    return _empty_cast_t(x.shape, get_format(fmt), block_size, x.device)
 
 
 @torch.library.custom_op("mx::quantize_both", mutates_args=())
@@ -204,10 +232,10 @@ def _quantize_both_op(
     if _choose("quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
         return (
             *_reference(x, f, block_size, scale_mode),
-            *_reference(x.t().contiguous(), f, block_size, scale_mode),
+            *_reference_t(x, f, block_size, scale_mode),
         )
     q_row, s_row = _empty_cast(x.shape, f, block_size, x.device)
-    q_col, s_col = _empty_cast(x.t().shape, f, block_size, x.device)
+    q_col, s_col = _empty_cast_t(x.shape, f, block_size, x.device)
     _launch(x, f, block_size, scale_mode, q_row, s_row, q_col, s_col)
     return q_row, s_row, q_col, s_col
 
@@ -217,7 +245,7 @@ def _(x, fmt, block_size, scale_mode, backend):
     f = get_format(fmt)
     return (
         *_empty_cast(x.shape, f, block_size, x.device),
-        *_empty_cast(x.t().shape, f, block_size, x.device),
+        *_empty_cast_t(x.shape, f, block_size, x.device),
     )
 
 
@@ -270,13 +298,21 @@ def quantize_colwise(
     """MX cast of a 2-D x [M, K] with blocks along M, laid out as the cast of x^T.
 
     Returns:
-        ``(qdata_t, scale_t)``: qdata_t [K, M] (fp4: [K, M // 2]), scale_t
-        [K, M // block_size], both row-major; equal to
-        ``mx_core.quantize(x.t().contiguous(), fmt, dim=-1, ...)`` without materialising
-        the transpose.
+        ``(qdata_t, scale_t)``: qdata_t [K, M] (fp4: [K, M // 2]) row-major, and scale_t
+        [K, M // block_size] stored column-major: ``scale_t.t()`` is the contiguous
+        [M // block_size, K] buffer (strides (1, K)). Both are equal to
+        ``mx_core.quantize(x.t().contiguous(), fmt, dim=-1, ...)``'s ``qdata`` and
+        ``scale``, without materialising the transpose.
+
+    Why scale_t is column-major: a tile of the cast covers few blocks along M, so
+    row-major scales would be written a byte or two per row; column-major they are
+    written in whole rows, which made the cast 13% faster on the H200 (BENCHMARKS.md).
+    It is also the layout Transformer Engine keeps columnwise MXFP8 scales in. Call
+    ``scale_t.contiguous()`` for a row-major copy.
     """
     name, mode = _check("quantize_colwise", x, fmt, block_size, scale_mode, backend, dims=(0,))
-    return torch.ops.mx.quantize_colwise(x, name, block_size, mode, backend)
+    qdata_t, scale_buf = torch.ops.mx.quantize_colwise(x, name, block_size, mode, backend)
+    return qdata_t, scale_buf.t()
 
 
 def quantize_both(
@@ -291,7 +327,10 @@ def quantize_both(
 
     Returns:
         ``(q_row, s_row, q_col_t, s_col_t)``: :func:`quantize_rowwise` then
-        :func:`quantize_colwise` of x.
+        :func:`quantize_colwise` of x, in their layouts (s_col_t column-major).
     """
     name, mode = _check("quantize_both", x, fmt, block_size, scale_mode, backend, dims=(-1, 0))
-    return torch.ops.mx.quantize_both(x, name, block_size, mode, backend)
+    q_row, s_row, q_col_t, s_col_buf = torch.ops.mx.quantize_both(
+        x, name, block_size, mode, backend
+    )
+    return q_row, s_row, q_col_t, s_col_buf.t()

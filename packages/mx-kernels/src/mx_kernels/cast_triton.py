@@ -60,6 +60,11 @@ def _encode_codes(r, MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _mx_block_cast(
     blocks,
     AXIS: tl.constexpr,
@@ -82,8 +87,8 @@ def _mx_block_cast(
     the element format. HW_ROUND lets the fp32 -> fp8 conversion round (GPUs); otherwise,
     and always for fp6/fp4, values are rounded in fp32 arithmetic.
     """
-    bits = blocks.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    amax_bits = tl.max(bits, axis=AXIS, keep_dims=True)
+    amax = tl.reduce(tl.abs(blocks), AXIS, _nan_max, keep_dims=True)
+    amax_bits = amax.to(tl.int32, bitcast=True)
     biased = (amax_bits >> 23) & 0xFF
     nonfinite = biased == 255
     if MODE == MODE_EVEN:
@@ -97,16 +102,17 @@ def _mx_block_cast(
     scale = tl.where(nonfinite, 255, e + 127).to(tl.uint8)
     # 2^-e from its fp32 bits; only e = 127 would need the subnormal 2^-127.
     inv_bits = tl.where(e == 127, 1 << 22, (127 - e) << 23)
+    if HW_ROUND and FMT != FMT_CODES:
+        # A NaN multiplier makes every element of a non-finite block NaN, which the
+        # conversion writes as the NaN code: one select per block, not per element.
+        inv_bits = tl.where(nonfinite, 0x7FC00000, inv_bits)
     scaled = blocks * inv_bits.to(tl.float32, bitcast=True)
     if FMT == FMT_CODES:
         values = _round_to_grid(scaled, MBITS, EMIN, MAX_NORMAL)
         codes = _encode_codes(values, MBITS, EMIN, BITS)
         codes = tl.where(nonfinite, 0, codes).to(tl.uint8)  # no NaN code: the scale says NaN
     else:
-        if HW_ROUND:
-            # The hardware conversion rounds to nearest even; clamping makes it saturate.
-            scaled = tl.minimum(tl.maximum(scaled, -MAX_NORMAL), MAX_NORMAL)
-        else:
+        if not HW_ROUND:
             # Round in fp32 so that the conversion below is exact. Triton's interpreter
             # drops the carry when fp32 -> fp8 rounding overflows the mantissa (127.3 ->
             # 64, not 128): triton-lang/triton#8322, fix proposed in triton-lang/triton#11897.
@@ -115,12 +121,16 @@ def _mx_block_cast(
             q = scaled.to(tl.float8e4nv)
         else:
             q = scaled.to(tl.float8e5)
-        codes = tl.where(nonfinite, 0x7F, q.to(tl.uint8, bitcast=True)).to(tl.uint8)
+        codes = q.to(tl.uint8, bitcast=True)
+        if not HW_ROUND:
+            codes = tl.where(nonfinite, 0x7F, codes).to(tl.uint8)
         values = q.to(tl.float32)
     if DEQ:
-        # value * 2^e is exact in fp32 (down to 2^-127 * 2^-9), as mx-core computes it.
+        # value * 2^e is exact in fp32 (down to 2^-127 * 2^-9), as mx-core computes it;
+        # a NaN scale (non-finite block) makes the whole block NaN, as it does there.
         scale_bits = tl.where(e == -127, 1 << 22, (e + 127) << 23)
-        codes = tl.where(nonfinite, float("nan"), values * scale_bits.to(tl.float32, bitcast=True))
+        scale_bits = tl.where(nonfinite, 0x7FC00000, scale_bits)
+        codes = values * scale_bits.to(tl.float32, bitcast=True)
     return codes, scale  # one return: see _pack
 
 
@@ -146,9 +156,10 @@ def mx_cast_kernel(
 ):  # fmt: skip
     """Rowwise and/or columnwise MX cast of x [M, K], tile by [BLOCK_M, BLOCK_K] tile.
 
-    Rowwise writes q [M, K // PACK] and s [M, K // BS]; columnwise writes the row-major
-    cast of x^T: q_t [K, M // PACK] and s_t [K, M // BS]. PACK = 2 packs fp4 codes two per
-    byte along the blocked dim. All outputs are contiguous uint8 views.
+    Rowwise writes q [M, K // PACK] and s [M, K // BS]; columnwise writes the cast of
+    x^T: q_t [K, M // PACK] row-major and its scales s_t [K, M // BS] stored column-major
+    (as the row-major [M // BS, K] buffer s_t.t()). PACK = 2 packs fp4 codes two per
+    byte along the blocked dim. All outputs are uint8 views.
 
     DEQ (fake quantization) writes the dequantized values instead, rounded to the
     outputs' dtype, both in x's [M, K] layout (contiguous), and no scales.
@@ -219,12 +230,13 @@ def _cast_tile(
             store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask, HW_ROUND)
         else:
             codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
-            scale_t = tl.trans(tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)))
             offs_q = pid_m * (BLOCK_M // PACK) + tl.arange(0, BLOCK_M // PACK)
             mask_t = (offs_k[:, None] < K) & (offs_q[None, :] < M // PACK)
             q_ptrs = q_col_ptr + offs_k[:, None] * (M // PACK) + offs_q[None, :]
             tl.store(q_ptrs, codes_t, mask=mask_t)
+            # The scales of x^T are stored [M // BS, K] (see mx_kernels.cast): whole rows
+            # of BLOCK_K bytes, not BLOCK_M // BS bytes in each of BLOCK_K rows.
             offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
-            s_mask = (offs_k[:, None] < K) & (offs_s[None, :] < M // BS)
-            s_ptrs = s_col_ptr + offs_k[:, None] * (M // BS) + offs_s[None, :]
-            tl.store(s_ptrs, scale_t, mask=s_mask)
+            s_mask = (offs_s[:, None] < M // BS) & (offs_k[None, :] < K)
+            s_ptrs = s_col_ptr + offs_s[:, None] * K + offs_k[None, :]
+            tl.store(s_ptrs, tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)), mask=s_mask)

@@ -3,7 +3,7 @@
 Layouts (both operands K-major, as ``nn.Linear`` holds its weight)::
 
     a_q     [M, K]        float8_e4m3fn | float8_e5m2     (fp4: [M, K // 2] packed bytes)
-    a_scale [M, K // 32]  float8_e8m0fnu, row-major, unswizzled
+    a_scale [M, K // 32]  float8_e8m0fnu, unswizzled, any strides
     b_q     [N, K]        likewise                        (fp4: [N, K // 2])
     b_scale [N, K // 32]
     out     [M, N]        bf16 | fp16 | fp32
