@@ -22,6 +22,8 @@ raises instead).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 import mx_core
@@ -51,28 +53,41 @@ def _choose(
     return resolve_backend_for(op, backend, x.device, gap)
 
 
-# (BLOCK_M, BLOCK_K, num_warps[, programs_per_sm, stages]) per cast kind (see _launch),
-# "fake_" kinds for the fake-quantize outputs: the best of tools/bench/casts.py --sweep
-# on the H200 at 16384x8192 (BENCHMARKS.md). Tiles grow to hold one MX block.
-# Columnwise tiles are one MX block tall: the block's amax is then reduced within a warp
-# (two warps split the rows of "both", which writes twice the bytes per load).
-TILE_CONFIGS: dict[str, tuple[int, ...]] = {
-    "rowwise": (8, 1024, 4),
-    "colwise": (32, 128, 1),
-    "both": (32, 128, 2),
-    "fake_rowwise": (8, 1024, 4),
-    "fake_colwise": (32, 128, 1),
-    "fake_both": (32, 128, 2),
+class CastTile(NamedTuple):
+    """How the Triton cast splits x [M, K]: tiles of [block_m, block_k] elements, one
+    program of ``warps`` warps per tile, or with ``programs_per_sm`` > 0 a persistent
+    grid whose programs loop over tiles with loads software-pipelined over ``stages``."""
+
+    block_m: int
+    block_k: int
+    warps: int
+    programs_per_sm: int = 0
+    stages: int = 1
+
+    def __str__(self) -> str:
+        extra = f", {self.programs_per_sm}/SM x{self.stages} stages" if self.programs_per_sm else ""
+        return f"{self.block_m}x{self.block_k} {self.warps}w{extra}"
+
+
+# Per cast kind, "fake_" kinds for the fake-quantize outputs: the best of
+# tools/bench/casts.py --sweep on the H200 (BENCHMARKS.md). Tiles grow to hold one MX
+# block. Columnwise tiles are one MX block tall: the block's amax is then reduced within
+# a warp (two warps split the rows of "both", which writes twice the bytes per load).
+TILE_CONFIGS: dict[str, CastTile] = {
+    "rowwise": CastTile(8, 1024, 4),
+    "colwise": CastTile(32, 128, 1),
+    "both": CastTile(32, 128, 2),
+    "fake_rowwise": CastTile(8, 1024, 4),
+    "fake_colwise": CastTile(32, 128, 1),
+    "fake_both": CastTile(32, 128, 2),
 }
-_INTERPRETER_TILE = (32, 64, 4)  # small: the interpreter's cost grows with tile size
+_INTERPRETER_TILE = CastTile(32, 64, 4)  # small: the interpreter's cost grows with tile size
 
 
-def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> tuple[int, ...]:
-    block_m, block_k, *rest = tile or (
-        _INTERPRETER_TILE if interpreter_enabled() else TILE_CONFIGS[kind]
-    )
-    block_m = max(block_m, 1 if kind.endswith("rowwise") else block_size)
-    return (block_m, max(block_k, block_size), *rest)
+def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> CastTile:
+    t = CastTile(*(tile or (_INTERPRETER_TILE if interpreter_enabled() else TILE_CONFIGS[kind])))
+    block_m = max(t.block_m, 1 if kind.endswith("rowwise") else block_size)
+    return t._replace(block_m=block_m, block_k=max(t.block_k, block_size))
 
 
 def _launch(
@@ -93,11 +108,10 @@ def _launch(
     ``dequantized``: q_row and q_col receive the fake-quantized values instead (in their
     own dtype, both [M, K] row-major), s_row and s_col must be None.
 
-    ``tile`` overrides the (BLOCK_M, BLOCK_K, num_warps) choice, optionally extended by
-    (programs_per_sm, stages) for a persistent grid whose programs loop over tiles with
-    software-pipelined loads; ``hw_round`` overrides the rounding path (default: the
-    GPU's fp8 conversion on CUDA, fp32 arithmetic in the interpreter). Benchmarks sweep
-    these; every choice is bit-exact where it runs.
+    ``tile`` (a :class:`CastTile` or the tuple of its fields) overrides TILE_CONFIGS;
+    ``hw_round`` overrides the rounding path (default: the GPU's fp8 conversion on CUDA,
+    fp32 arithmetic in the interpreter). Benchmarks sweep these; every choice is
+    bit-exact where it runs.
     """
     import triton
 
@@ -107,18 +121,17 @@ def _launch(
     rowwise, colwise = q_row is not None, q_col is not None
     kind = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
     kind = f"fake_{kind}" if dequantized else kind
-    block_m, block_k, warps, *persistent = _tile(kind, block_size, tile)
+    t = _tile(kind, block_size, tile)
     dummy = torch.empty(0, dtype=torch.uint8, device=x2d.device)
 
     def u8(t):
         return dummy if t is None else t if dequantized else t.view(torch.uint8)
 
-    grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
-    tiles_per_program, stages = 1, 1
-    if persistent:
-        programs_per_sm, stages = persistent
+    grid = (triton.cdiv(m, t.block_m), triton.cdiv(k, t.block_k))
+    tiles_per_program = 1
+    if t.programs_per_sm:
         tiles = grid[0] * grid[1]
-        grid = (min(tiles, persistent_programs(x2d.device, programs_per_sm)),)
+        grid = (min(tiles, persistent_programs(x2d.device, t.programs_per_sm)),)
         tiles_per_program = triton.cdiv(tiles, grid[0])
     mx_cast_kernel[grid](
         x2d,
@@ -131,8 +144,8 @@ def _launch(
         x2d.stride(0),
         x2d.stride(1),
         tiles_per_program,
-        BLOCK_M=block_m,
-        BLOCK_K=block_k,
+        BLOCK_M=t.block_m,
+        BLOCK_K=t.block_k,
         BS=block_size,
         FMT=FMT_IDS[fmt.name],
         MODE=MODE_IDS[scale_mode],
@@ -147,9 +160,9 @@ def _launch(
         ROWWISE=rowwise,
         COLWISE=colwise,
         DEQ=dequantized,
-        PERSISTENT=bool(persistent),
-        STAGES=stages,
-        num_warps=warps,
+        PERSISTENT=bool(t.programs_per_sm),
+        STAGES=t.stages,
+        num_warps=t.warps,
     )
 
 
