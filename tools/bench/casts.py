@@ -28,14 +28,14 @@ from mx_kernels.cast import TILE_CONFIGS, CastTile, _empty_cast, _empty_cast_t, 
 SHAPES = [(16384, 4096), (16384, 8192), (8192, 14336)]
 TARGETS = {"rowwise": 0.90, "colwise": 0.85, "both": 0.85}
 # Candidates per cast kind (mx_kernels.cast.CastTile fields: block_m, block_k, warps,
-# programs_per_sm, stages).
+# programs_per_sm, stages, k_first).
 SWEEP = {
-    "rowwise": [(16, 512, 4), (8, 512, 2), (8, 1024, 4, 4, 2), (8, 1024, 4, 8, 2)],
-    "colwise": [(64, 128, 2), (32, 64, 1), (32, 128, 2), (32, 256, 2)],
-    "both": [(32, 64, 1), (32, 128, 1), (32, 256, 2), (32, 128, 2, 4, 3)],
-    "fake_rowwise": [(16, 512, 4), (4, 2048, 8)],
-    "fake_colwise": [(32, 64, 1), (32, 128, 2), (64, 128, 2)],
-    "fake_both": [(32, 64, 1), (32, 128, 1), (32, 256, 2)],
+    "rowwise": [(8, 1024, 4), (4, 2048, 8, 0, 1, True), (8, 1024, 4, 4, 2)],
+    "colwise": [(32, 128, 1, 0, 1, True), (64, 128, 2), (32, 128, 2)],
+    "both": [(32, 128, 2), (32, 64, 1, 0, 1, True), (32, 128, 1, 0, 1, True)],
+    "fake_rowwise": [(8, 1024, 4, 0, 1, True), (4, 2048, 8)],
+    "fake_colwise": [(32, 128, 1), (32, 128, 2, 0, 1, True)],
+    "fake_both": [(32, 128, 2), (32, 64, 1, 0, 1, True)],
 }
 
 

@@ -78,7 +78,9 @@ def test_colwise_and_both_bit_exact(fmt, mode, dtype):
 
 
 @pytest.mark.parametrize(
-    "tile", [(32, 64, 4), (64, 32, 2), (8, 128, 1), (32, 64, 1, 4, 2), (8, 128, 2, 8, 3)]
+    "tile",
+    [(32, 64, 4), (64, 32, 2), (8, 128, 1), (32, 64, 1, 4, 2), (8, 128, 2, 8, 3)]
+    + [(32, 32, 2, 0, 1, True), (8, 64, 1, 0, 1, True)],  # K-first launch order
 )
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp6_e3m2", "fp4_e2m1"])
 def test_tile_variants_bit_exact(fmt, tile):

@@ -55,17 +55,20 @@ def _choose(
 
 class CastTile(NamedTuple):
     """How the Triton cast splits x [M, K]: tiles of [block_m, block_k] elements, one
-    program of ``warps`` warps per tile, or with ``programs_per_sm`` > 0 a persistent
-    grid whose programs loop over tiles with loads software-pipelined over ``stages``."""
+    program of ``warps`` warps per tile, launched down M first or with ``k_first`` along
+    K first; or with ``programs_per_sm`` > 0 a persistent grid whose programs loop over
+    tiles with loads software-pipelined over ``stages``."""
 
     block_m: int
     block_k: int
     warps: int
     programs_per_sm: int = 0
     stages: int = 1
+    k_first: bool = False
 
     def __str__(self) -> str:
         extra = f", {self.programs_per_sm}/SM x{self.stages} stages" if self.programs_per_sm else ""
+        extra += ", K first" if self.k_first else ""
         return f"{self.block_m}x{self.block_k} {self.warps}w{extra}"
 
 
@@ -73,13 +76,15 @@ class CastTile(NamedTuple):
 # tools/bench/casts.py --sweep on the H200 (BENCHMARKS.md). Tiles grow to hold one MX
 # block. Columnwise tiles are one MX block tall: the block's amax is then reduced within
 # a warp (two warps split the rows of "both", which writes twice the bytes per load).
+# Launch order: programs that follow each other write neighbouring bytes of the largest
+# output when row-major outputs go K first and the transposed ones M first.
 TILE_CONFIGS: dict[str, CastTile] = {
-    "rowwise": CastTile(8, 1024, 4),
+    "rowwise": CastTile(8, 1024, 4, k_first=True),
     "colwise": CastTile(32, 128, 1),
-    "both": CastTile(32, 128, 2),
-    "fake_rowwise": CastTile(8, 1024, 4),
-    "fake_colwise": CastTile(32, 128, 1),
-    "fake_both": CastTile(32, 128, 2),
+    "both": CastTile(32, 128, 2, k_first=True),
+    "fake_rowwise": CastTile(4, 2048, 8, k_first=True),
+    "fake_colwise": CastTile(32, 128, 1, k_first=True),  # writes [M, K], not x^T
+    "fake_both": CastTile(32, 128, 2, k_first=True),
 }
 _INTERPRETER_TILE = CastTile(32, 64, 4)  # small: the interpreter's cost grows with tile size
 
@@ -129,6 +134,8 @@ def _launch(
 
     grid = (triton.cdiv(m, t.block_m), triton.cdiv(k, t.block_k))
     tiles_per_program = 1
+    if t.k_first and not t.programs_per_sm:
+        grid = (grid[0] * grid[1],)
     if t.programs_per_sm:
         tiles = grid[0] * grid[1]
         grid = (min(tiles, persistent_programs(x2d.device, t.programs_per_sm)),)
@@ -162,6 +169,7 @@ def _launch(
         DEQ=dequantized,
         PERSISTENT=bool(t.programs_per_sm),
         STAGES=t.stages,
+        K_FIRST=t.k_first,
         num_warps=t.warps,
     )
 

@@ -152,7 +152,7 @@ def mx_cast_kernel(
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
-    DEQ: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
+    DEQ: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr, K_FIRST: tl.constexpr,
 ):  # fmt: skip
     """Rowwise and/or columnwise MX cast of x [M, K], tile by [BLOCK_M, BLOCK_K] tile.
 
@@ -164,10 +164,11 @@ def mx_cast_kernel(
     DEQ (fake quantization) writes the dequantized values instead, rounded to the
     outputs' dtype, both in x's [M, K] layout (contiguous), and no scales.
 
-    Grid: one program per tile (a 2-D grid), or PERSISTENT: a 1-D grid whose programs
-    each take TILES_PER_PROGRAM tiles, strided by the grid size, with the next tile's
-    load software-pipelined over STAGES (more bytes in flight per warp). Tiles past the
-    end fall outside x and every mask.
+    Grid: one program per tile, in launch order down M first (a 2-D grid) or with
+    K_FIRST along K first (a 1-D grid); or PERSISTENT: a 1-D grid whose programs each
+    take TILES_PER_PROGRAM tiles, strided by the grid size, with the next tile's load
+    software-pipelined over STAGES (more bytes in flight per warp). Tiles past the end
+    fall outside x and every mask.
     """
     if PERSISTENT:
         tiles_k = tl.cdiv(K, BLOCK_K)
@@ -178,6 +179,14 @@ def mx_cast_kernel(
                 tile // tiles_k, tile % tiles_k, BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS,
                 MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE, COLWISE, DEQ,
             )  # fmt: skip
+    elif K_FIRST:
+        tiles_k = tl.cdiv(K, BLOCK_K)
+        _cast_tile(
+            x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
+            tl.program_id(0) // tiles_k, tl.program_id(0) % tiles_k, BLOCK_M, BLOCK_K, BS, FMT,
+            MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE,
+            COLWISE, DEQ,
+        )  # fmt: skip
     else:
         _cast_tile(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
