@@ -33,6 +33,15 @@ def test_bit_exact(shape, fmt, out_dtype):
     assert_same_bits(got, t.dequantize(out_dtype))
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_columnwise_cast_round_trip(backend):
+    """quantize_colwise's column-major scale_t dequantizes like a row-major one."""
+    x = _data((96, 64), seed=3).to(torch.bfloat16)
+    q_t, s_t = mx_kernels.quantize_colwise(x, backend=backend)
+    got = mx_kernels.dequantize_rowwise(q_t, s_t, "fp8_e4m3", backend=backend)
+    assert_same_bits(got, mx_core.quantize(x.t().contiguous()).dequantize(torch.bfloat16))
+
+
 @pytest.mark.parametrize("fmt", TRITON_FMTS)
 def test_semantics_table_and_nan_blocks(fmt):
     x = semantic_inputs(fmt, torch.float32)  # includes NaN and Inf blocks: scale 255
