@@ -13,11 +13,10 @@ function               op                               blocks along
 All three are bit-identical to :func:`mx_core.quantize`. The columnwise scales come back
 column-major (``scale_t.t()`` is contiguous; see :func:`quantize_colwise`); the ops
 themselves return that contiguous [M // block_size, K] buffer, which the functions
-transpose. Triton runs every format and
-scale mode for power-of-two block sizes up to 128 (fp6/fp4 codes are built in integer
-arithmetic; fp8 uses the GPU's conversion); other block sizes run mx-core's reference
-on the same device (``backend="auto"`` logs that choice once; ``backend="triton"``
-raises instead).
+transpose. Triton runs every format and scale mode for power-of-two block sizes up to
+128 (fp6/fp4 codes are built in integer arithmetic; fp8 uses the GPU's conversion);
+other block sizes run mx-core's reference on the same device (``backend="auto"`` logs
+that choice once; ``backend="triton"`` raises instead).
 """
 
 from __future__ import annotations
@@ -129,17 +128,16 @@ def _launch(
     t = _tile(kind, block_size, tile)
     dummy = torch.empty(0, dtype=torch.uint8, device=x2d.device)
 
-    def u8(t):
-        return dummy if t is None else t if dequantized else t.view(torch.uint8)
+    def u8(out):
+        return dummy if out is None else out if dequantized else out.view(torch.uint8)
 
     grid = (triton.cdiv(m, t.block_m), triton.cdiv(k, t.block_k))
-    tiles_per_program = 1
-    if t.k_first and not t.programs_per_sm:
-        grid = (grid[0] * grid[1],)
+    tiles, tiles_per_program = grid[0] * grid[1], 1
     if t.programs_per_sm:
-        tiles = grid[0] * grid[1]
         grid = (min(tiles, persistent_programs(x2d.device, t.programs_per_sm)),)
         tiles_per_program = triton.cdiv(tiles, grid[0])
+    elif t.k_first:
+        grid = (tiles,)
     mx_cast_kernel[grid](
         x2d,
         u8(q_row),

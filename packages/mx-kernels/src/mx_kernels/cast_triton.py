@@ -61,6 +61,7 @@ def _encode_codes(r, MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr
 
 @triton.jit
 def _nan_max(a, b):
+    # NaN must win (a block holding NaN gets the NaN scale); a plain max drops it.
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
@@ -112,6 +113,8 @@ def _mx_block_cast(
         codes = _encode_codes(values, MBITS, EMIN, BITS)
         codes = tl.where(nonfinite, 0, codes).to(tl.uint8)  # no NaN code: the scale says NaN
     else:
+        # On GPUs the conversion below is cvt.rn.satfinite (sm89+): it rounds to nearest
+        # even and saturates, as mx-core does, so it needs no clamp.
         if not HW_ROUND:
             # Round in fp32 so that the conversion below is exact. Triton's interpreter
             # drops the carry when fp32 -> fp8 rounding overflows the mantissa (127.3 ->
