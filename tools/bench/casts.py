@@ -23,16 +23,28 @@ from report import publish
 import mx_core
 import mx_kernels
 from mx_core.testing import SEMANTIC_CASES, semantic_inputs
-from mx_kernels.cast import TILE_CONFIGS, CastTile, _empty_cast, _empty_cast_t, _launch
+from mx_kernels.cast import (
+    TILE_CONFIGS,
+    CastTile,
+    _empty_cast,
+    _empty_cast_t,
+    _empty_scale_t,
+    _launch,
+)
 
 SHAPES = [(16384, 4096), (16384, 8192), (8192, 14336)]
 TARGETS = {"rowwise": 0.90, "colwise": 0.85, "both": 0.85}
 # Candidates per cast kind (mx_kernels.cast.CastTile fields: block_m, block_k, warps,
-# programs_per_sm, stages, k_first).
+# programs_per_sm, stages, k_first, max_regs, lanes_m).
 SWEEP = {
     "rowwise": [(8, 1024, 4), (4, 2048, 8, 0, 1, True), (8, 1024, 4, 4, 2)],
     "colwise": [(32, 128, 1, 0, 1, True), (64, 128, 2), (32, 128, 2)],
-    "both": [(32, 128, 2), (32, 64, 1, 0, 1, True), (32, 128, 1, 0, 1, True)],
+    "both": [
+        (32, 128, 2, 0, 1, True),  # the default before session 4
+        (128, 64, 4, 0, 1, False, 80, 8),
+        (128, 64, 4, 0, 1, False, 72, 8),
+        (128, 64, 4, 0, 1, True, 96, 8),
+    ],
     "fake_rowwise": [(8, 1024, 4, 0, 1, True), (4, 2048, 8)],
     "fake_colwise": [(32, 128, 1), (32, 128, 2, 0, 1, True)],
     "fake_both": [(32, 128, 2), (32, 64, 1, 0, 1, True)],
@@ -110,6 +122,8 @@ def run_cast(kind, x, fmt, mode, tile=None, hw_round=None):
     else:  # fp4 qdata is packed: [M, K // 2]
         if kind in ("rowwise", "both"):
             q_row, s_row = _empty_cast(x.shape, f, 32, x.device)
+        if kind == "both":  # column-major rowwise scales, as mx_kernels.quantize_both has them
+            s_row = _empty_scale_t(x.shape, 32, x.device).t()
         if kind in ("colwise", "both"):
             q_col, s_col = _empty_cast_t(x.shape, f, 32, x.device)
 

@@ -80,7 +80,8 @@ def test_colwise_and_both_bit_exact(fmt, mode, dtype):
 @pytest.mark.parametrize(
     "tile",
     [(32, 64, 4), (64, 32, 2), (8, 128, 1), (32, 64, 1, 4, 2), (8, 128, 2, 8, 3)]
-    + [(32, 32, 2, 0, 1, True), (8, 64, 1, 0, 1, True)],  # K-first launch order
+    + [(32, 32, 2, 0, 1, True), (8, 64, 1, 0, 1, True)]  # K-first launch order
+    + [(128, 64, 4, 0, 1, False, 0, 8), (64, 32, 2, 0, 1, True, 0, 16)],  # rows permuted
 )
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp6_e3m2", "fp4_e2m1"])
 def test_tile_variants_bit_exact(fmt, tile):
@@ -112,6 +113,18 @@ def test_colwise_layouts(backend):
     for q, s in ((q_t, s_t), (q_t2, s_t2)):
         assert q.shape == (64, 96) and q.is_contiguous()
         assert s.shape == (64, 3) and s.stride() == (1, 64) and s.t().is_contiguous()
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_both_rowwise_layouts(backend):
+    """quantize_both's s_row [M, K // 32] is column-major (strides (1, M)) from every
+    backend, with quantize_rowwise's values; quantize_rowwise's own stays row-major."""
+    x = _data((96, 64), torch.bfloat16, seed=6)
+    q_row, s_row, *_ = mx_kernels.quantize_both(x, backend=backend)
+    assert q_row.shape == (96, 64) and q_row.is_contiguous()
+    assert s_row.shape == (96, 2) and s_row.stride() == (1, 96)
+    _assert_same((q_row, s_row), mx_core.quantize(x))
+    assert mx_kernels.quantize_rowwise(x, backend=backend)[1].is_contiguous()
 
 
 @pytest.mark.parametrize("block_size", [16, 64])

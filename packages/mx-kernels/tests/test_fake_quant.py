@@ -31,6 +31,20 @@ def _want(x, fmt, dim, mode="rceil"):
     return mx_core.quantize(x, fmt, dim=dim, scale_mode=mode).dequantize(x.dtype)
 
 
+@pytest.mark.parametrize("tile", [(128, 64, 4, 0, 1, False, 0, 8), (64, 32, 2, 0, 1, True, 0, 16)])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp4_e2m1"])
+def test_permuted_row_tiles(fmt, tile):
+    """Tiles whose rows are held permuted (CastTile.lanes_m) write the same values, in
+    x's row order, with ragged M and K masked; NaN and Inf blocks included."""
+    x = _data((96, 160), torch.bfloat16, seed=3)
+    x[3, 5], x[40, 70] = float("nan"), float("inf")
+    f = mx_core.get_format(fmt)
+    row, col = torch.empty_like(x), torch.empty_like(x)
+    mx_kernels.cast._launch(x, f, 32, "rceil", row, None, col, None, tile=tile, dequantized=True)
+    _same(row, _want(x, fmt, -1))
+    _same(col, _want(x, fmt, 0))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_bit_exact(fmt, dtype):

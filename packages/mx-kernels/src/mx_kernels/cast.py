@@ -10,13 +10,14 @@ function               op                               blocks along
 ``quantize_both``      ``mx::quantize_both``            both of the above
 =====================  ===============================  ==========================
 
-All three are bit-identical to :func:`mx_core.quantize`. The columnwise scales come back
-column-major (``scale_t.t()`` is contiguous; see :func:`quantize_colwise`); the ops
-themselves return that contiguous [M // block_size, K] buffer, which the functions
-transpose. Triton runs every format and scale mode for power-of-two block sizes up to
-128 (fp6/fp4 codes are built in integer arithmetic; fp8 uses the GPU's conversion);
-other block sizes run mx-core's reference on the same device (``backend="auto"`` logs
-that choice once; ``backend="triton"`` raises instead).
+All three are bit-identical to :func:`mx_core.quantize`. The scales of
+``quantize_colwise``, and both scales of ``quantize_both``, come back column-major
+(``scale.t()`` is contiguous; see :func:`quantize_colwise` and :func:`quantize_both`);
+the ops themselves return those contiguous buffers, which the functions transpose.
+Triton runs every format and scale mode for power-of-two block sizes up to 128 (fp6/fp4
+codes are built in integer arithmetic; fp8 uses the GPU's conversion); other block sizes
+run mx-core's reference on the same device (``backend="auto"`` logs that choice once;
+``backend="triton"`` raises instead).
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ class CastTile(NamedTuple):
     """How the Triton cast splits x [M, K]: tiles of [block_m, block_k] elements, one
     program of ``warps`` warps per tile, launched down M first or with ``k_first`` along
     K first; or with ``programs_per_sm`` > 0 a persistent grid whose programs loop over
-    tiles with loads software-pipelined over ``stages``."""
+    tiles with loads software-pipelined over ``stages``. ``max_regs`` > 0 caps the
+    registers per thread (Triton's ``maxnreg``; CUDA only). ``lanes_m`` > 0 permutes a
+    tile's rows so that each warp holds one MX block of rows, given that Triton puts
+    ``lanes_m`` rows in a warp's lanes (it must divide the block size, and block_m must be
+    warps * block size; otherwise it is ignored)."""
 
     block_m: int
     block_k: int
@@ -64,23 +69,29 @@ class CastTile(NamedTuple):
     programs_per_sm: int = 0
     stages: int = 1
     k_first: bool = False
+    max_regs: int = 0
+    lanes_m: int = 0
 
     def __str__(self) -> str:
         extra = f", {self.programs_per_sm}/SM x{self.stages} stages" if self.programs_per_sm else ""
         extra += ", K first" if self.k_first else ""
+        extra += f", <= {self.max_regs} regs" if self.max_regs else ""
+        extra += f", rows permuted ({self.lanes_m} lanes)" if self.lanes_m else ""
         return f"{self.block_m}x{self.block_k} {self.warps}w{extra}"
 
 
 # Per cast kind, "fake_" kinds for the fake-quantize outputs: the best of
 # tools/bench/casts.py --sweep on the H200 (BENCHMARKS.md). Tiles grow to hold one MX
-# block. Columnwise tiles are one MX block tall: the block's amax is then reduced within
-# a warp (two warps split the rows of "both", which writes twice the bytes per load).
+# block. Columnwise tiles are one MX block tall, so that the block's amax is reduced
+# within a warp; "both" instead takes four blocks of rows, one per warp (rows permuted
+# to match Triton's layout), so that its transposed codes go out in whole 128-byte
+# lines, with registers capped to fit five programs per SM.
 # Launch order: programs that follow each other write neighbouring bytes of the largest
 # output when row-major outputs go K first and the transposed ones M first.
 TILE_CONFIGS: dict[str, CastTile] = {
     "rowwise": CastTile(8, 1024, 4, k_first=True),
     "colwise": CastTile(32, 128, 1),
-    "both": CastTile(32, 128, 2, k_first=True),
+    "both": CastTile(128, 64, 4, max_regs=96, lanes_m=8),
     "fake_rowwise": CastTile(4, 2048, 8, k_first=True),
     "fake_colwise": CastTile(32, 128, 1, k_first=True),  # writes [M, K], not x^T
     "fake_both": CastTile(32, 128, 2, k_first=True),
@@ -91,7 +102,10 @@ _INTERPRETER_TILE = CastTile(32, 64, 4)  # small: the interpreter's cost grows w
 def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> CastTile:
     t = CastTile(*(tile or (_INTERPRETER_TILE if interpreter_enabled() else TILE_CONFIGS[kind])))
     block_m = max(t.block_m, 1 if kind.endswith("rowwise") else block_size)
-    return t._replace(block_m=block_m, block_k=max(t.block_k, block_size))
+    t = t._replace(block_m=block_m, block_k=max(t.block_k, block_size))
+    if t.lanes_m and (block_size % t.lanes_m or t.block_m != t.warps * block_size):
+        t = t._replace(lanes_m=0)  # the row permutation is only defined for this shape
+    return t
 
 
 def _launch(
@@ -138,6 +152,8 @@ def _launch(
         tiles_per_program = triton.cdiv(tiles, grid[0])
     elif t.k_first:
         grid = (tiles,)
+    # Rowwise scales go wherever s_row's strides say (a view, never a copy).
+    s_row = None if s_row is None else s_row.view(m, k // block_size)
     mx_cast_kernel[grid](
         x2d,
         u8(q_row),
@@ -148,6 +164,7 @@ def _launch(
         k,
         x2d.stride(0),
         x2d.stride(1),
+        *((0, 0) if s_row is None else s_row.stride()),
         tiles_per_program,
         BLOCK_M=t.block_m,
         BLOCK_K=t.block_k,
@@ -168,7 +185,9 @@ def _launch(
         PERSISTENT=bool(t.programs_per_sm),
         STAGES=t.stages,
         K_FIRST=t.k_first,
+        LANES_M=t.lanes_m,
         num_warps=t.warps,
+        **({"maxnreg": t.max_regs} if t.max_regs else {}),
     )
 
 
@@ -196,6 +215,13 @@ def _empty_cast_t(
     qdata_t, _ = _empty_cast((k, m), fmt, block_size, device)
     scale_buf = torch.empty(m // block_size, k, dtype=torch.float8_e8m0fnu, device=device)
     return qdata_t, scale_buf
+
+
+def _empty_scale_t(shape, block_size: int, device) -> torch.Tensor:
+    """Uninitialised buffer [K // block_size, M] of a rowwise cast's scales of a 2-D x
+    of ``shape`` [M, K], stored column-major (``quantize_both`` returns its transpose)."""
+    m, k = shape
+    return torch.empty(k // block_size, m, dtype=torch.float8_e8m0fnu, device=device)
 
 
 def _reference(x, fmt, block_size, scale_mode):
@@ -249,23 +275,21 @@ def _quantize_both_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     f = get_format(fmt)
     if _choose("quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
-        return (
-            *_reference(x, f, block_size, scale_mode),
-            *_reference_t(x, f, block_size, scale_mode),
-        )
-    q_row, s_row = _empty_cast(x.shape, f, block_size, x.device)
+        q_row, s_row = _reference(x, f, block_size, scale_mode)
+        return q_row, s_row.t().contiguous(), *_reference_t(x, f, block_size, scale_mode)
+    q_row, _ = _empty_cast(x.shape, f, block_size, x.device)
+    s_row_buf = _empty_scale_t(x.shape, block_size, x.device)
     q_col, s_col = _empty_cast_t(x.shape, f, block_size, x.device)
-    _launch(x, f, block_size, scale_mode, q_row, s_row, q_col, s_col)
-    return q_row, s_row, q_col, s_col
+    _launch(x, f, block_size, scale_mode, q_row, s_row_buf.t(), q_col, s_col)
+    return q_row, s_row_buf, q_col, s_col
 
 
 @_quantize_both_op.register_fake
 def _(x, fmt, block_size, scale_mode, backend):
     f = get_format(fmt)
-    return (
-        *_empty_cast(x.shape, f, block_size, x.device),
-        *_empty_cast_t(x.shape, f, block_size, x.device),
-    )
+    q_row, _ = _empty_cast(x.shape, f, block_size, x.device)
+    s_row_buf = _empty_scale_t(x.shape, block_size, x.device)
+    return q_row, s_row_buf, *_empty_cast_t(x.shape, f, block_size, x.device)
 
 
 def _check(
@@ -345,11 +369,20 @@ def quantize_both(
     """Rowwise and columnwise casts of a 2-D x [M, K] from one read of x.
 
     Returns:
-        ``(q_row, s_row, q_col_t, s_col_t)``: :func:`quantize_rowwise` then
-        :func:`quantize_colwise` of x, in their layouts (s_col_t column-major).
+        ``(q_row, s_row, q_col_t, s_col_t)``: the values of :func:`quantize_rowwise` then
+        :func:`quantize_colwise` of x. q_row [M, K] and q_col_t [K, M] are row-major
+        (fp4: [M, K // 2] and [K, M // 2]); both scales are column-major: s_row
+        [M, K // block_size] with strides (1, M), s_col_t [K, M // block_size] with
+        strides (1, K).
+
+    Why s_row is column-major here (not in :func:`quantize_rowwise`): a tile of this
+    cast is one MX block tall, so each tile writes 32 contiguous scale bytes per block
+    column instead of a few bytes in each of 32 rows; that made the cast 6% faster on
+    the H200 (BENCHMARKS.md). ``dequantize_rowwise`` and ``scaled_mm`` take either
+    layout; call ``s_row.contiguous()`` for a row-major copy.
     """
     name, mode = _check("quantize_both", x, fmt, block_size, scale_mode, backend, dims=(-1, 0))
-    q_row, s_row, q_col_t, s_col_buf = torch.ops.mx.quantize_both(
+    q_row, s_row_buf, q_col_t, s_col_buf = torch.ops.mx.quantize_both(
         x, name, block_size, mode, backend
     )
-    return q_row, s_row, q_col_t, s_col_buf.t()
+    return q_row, s_row_buf.t(), q_col_t, s_col_buf.t()

@@ -150,12 +150,13 @@ def _pack(codes, PACK: tl.constexpr):
 @triton.jit
 def mx_cast_kernel(
     x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr,
-    M, K, stride_xm, stride_xk, TILES_PER_PROGRAM,
+    M, K, stride_xm, stride_xk, stride_sm, stride_sk, TILES_PER_PROGRAM,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr,
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
     DEQ: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr, K_FIRST: tl.constexpr,
+    LANES_M: tl.constexpr,
 ):  # fmt: skip
     """Rowwise and/or columnwise MX cast of x [M, K], tile by [BLOCK_M, BLOCK_K] tile.
 
@@ -179,40 +180,55 @@ def mx_cast_kernel(
             tile = tl.program_id(0) + i * tl.num_programs(0)
             _cast_tile(
                 x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
-                tile // tiles_k, tile % tiles_k, BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS,
-                MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE, COLWISE, DEQ,
+                stride_sm, stride_sk, tile // tiles_k, tile % tiles_k, BLOCK_M, BLOCK_K, BS,
+                FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND,
+                ROWWISE, COLWISE, DEQ, LANES_M,
             )  # fmt: skip
     elif K_FIRST:
         tiles_k = tl.cdiv(K, BLOCK_K)
         _cast_tile(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
-            tl.program_id(0) // tiles_k, tl.program_id(0) % tiles_k, BLOCK_M, BLOCK_K, BS, FMT,
-            MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE,
-            COLWISE, DEQ,
+            stride_sm, stride_sk, tl.program_id(0) // tiles_k, tl.program_id(0) % tiles_k,
+            BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK,
+            HW_ROUND, ROWWISE, COLWISE, DEQ, LANES_M,
         )  # fmt: skip
     else:
         _cast_tile(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
-            tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS,
-            MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE, COLWISE, DEQ,
+            stride_sm, stride_sk, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_K, BS,
+            FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE,
+            COLWISE, DEQ, LANES_M,
         )  # fmt: skip
 
 
 @triton.jit
 def _cast_tile(
     x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr,
-    M, K, stride_xm, stride_xk, pid_m, pid_k,
+    M, K, stride_xm, stride_xk, stride_sm, stride_sk, pid_m, pid_k,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr,
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
-    DEQ: tl.constexpr,
+    DEQ: tl.constexpr, LANES_M: tl.constexpr,
 ):  # fmt: skip
-    """Tile (pid_m, pid_k) of :func:`mx_cast_kernel`."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    """Tile (pid_m, pid_k) of :func:`mx_cast_kernel`.
+
+    LANES_M > 0 loads the tile's rows permuted so that each warp holds whole MX blocks
+    of rows (see below); BLOCK_M must then be num_warps * BS.
+    """
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # x's rows in memory order
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    rows = tl.arange(0, BLOCK_M)
+    if LANES_M:
+        # Triton spreads a tile's rows LANES_M to a warp, then to the next warp, then
+        # repeats. Held row i is x's row (warp * BS + repeat * LANES_M + lane), so that
+        # each warp holds one whole MX block of rows: the columnwise amax then needs no
+        # exchange between warps, and a tile can be BLOCK_M = num_warps * BS tall.
+        w = BLOCK_M // BS
+        rows = (rows // LANES_M % w) * BS + rows // (LANES_M * w) * LANES_M + rows % LANES_M
+    offs_r = pid_m * BLOCK_M + rows  # x's rows in the order the tile holds them
+    mask = (offs_r[:, None] < M) & (offs_k[None, :] < K)
+    x_ptrs = x_ptr + offs_r[:, None] * stride_xm + offs_k[None, :] * stride_xk
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     if ROWWISE:
         blocks = tl.reshape(x, (BLOCK_M, BLOCK_K // BS, BS))
@@ -220,26 +236,31 @@ def _cast_tile(
             blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ
         )
         if DEQ:
-            out_ptrs = q_row_ptr + offs_m[:, None] * K + offs_k[None, :]
+            out_ptrs = q_row_ptr + offs_r[:, None] * K + offs_k[None, :]
             store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask, HW_ROUND)
         else:
             codes = _pack(tl.reshape(codes, (BLOCK_M, BLOCK_K)), PACK)
             offs_q = pid_k * (BLOCK_K // PACK) + tl.arange(0, BLOCK_K // PACK)
-            q_mask = (offs_m[:, None] < M) & (offs_q[None, :] < K // PACK)
-            q_ptrs = q_row_ptr + offs_m[:, None] * (K // PACK) + offs_q[None, :]
+            q_mask = (offs_r[:, None] < M) & (offs_q[None, :] < K // PACK)
+            q_ptrs = q_row_ptr + offs_r[:, None] * (K // PACK) + offs_q[None, :]
             tl.store(q_ptrs, codes, mask=q_mask)
             offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
-            s_mask = (offs_m[:, None] < M) & (offs_s[None, :] < K // BS)
-            s_ptrs = s_row_ptr + offs_m[:, None] * (K // BS) + offs_s[None, :]
+            s_mask = (offs_r[:, None] < M) & (offs_s[None, :] < K // BS)
+            s_ptrs = s_row_ptr + offs_r[:, None] * stride_sm + offs_s[None, :] * stride_sk
             tl.store(s_ptrs, tl.reshape(scale, (BLOCK_M, BLOCK_K // BS)), mask=s_mask)
     if COLWISE:
-        blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
+        if LANES_M:  # back to memory order: [repeat, warp, lane, K] -> [block, row, K]
+            blocks = tl.reshape(x, (BS // LANES_M, BLOCK_M // BS, LANES_M, BLOCK_K))
+            blocks = tl.reshape(tl.permute(blocks, (1, 0, 2, 3)), (BLOCK_M // BS, BS, BLOCK_K))
+        else:
+            blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
         codes, scale = _mx_block_cast(
             blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ
         )
         if DEQ:
             out_ptrs = q_col_ptr + offs_m[:, None] * K + offs_k[None, :]
-            store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask, HW_ROUND)
+            mask_m = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+            store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask_m, HW_ROUND)
         else:
             codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
             offs_q = pid_m * (BLOCK_M // PACK) + tl.arange(0, BLOCK_M // PACK)
