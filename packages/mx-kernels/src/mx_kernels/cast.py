@@ -152,8 +152,12 @@ def _launch(
         tiles_per_program = triton.cdiv(tiles, grid[0])
     elif t.k_first:
         grid = (tiles,)
-    # Rowwise scales go wherever s_row's strides say (a view, never a copy).
-    s_row = None if s_row is None else s_row.view(m, k // block_size)
+    s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)
+    if s_row is not None:
+        s_row = s_row.view(m, k // block_size)  # a view of the output, never a copy
+        s_row_t = s_row.stride() == (1, m) and not s_row.is_contiguous()
+        if not (s_row_t or s_row.is_contiguous()):
+            raise ValueError(f"_launch: s_row strides {s_row.stride()}: need row- or column-major")
     mx_cast_kernel[grid](
         x2d,
         u8(q_row),
@@ -186,6 +190,7 @@ def _launch(
         STAGES=t.stages,
         K_FIRST=t.k_first,
         LANES_M=t.lanes_m,
+        S_ROW_T=s_row_t,
         num_warps=t.warps,
         **({"maxnreg": t.max_regs} if t.max_regs else {}),
     )

@@ -156,11 +156,12 @@ def mx_cast_kernel(
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
     DEQ: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr, K_FIRST: tl.constexpr,
-    LANES_M: tl.constexpr,
+    LANES_M: tl.constexpr, S_ROW_T: tl.constexpr,
 ):  # fmt: skip
     """Rowwise and/or columnwise MX cast of x [M, K], tile by [BLOCK_M, BLOCK_K] tile.
 
-    Rowwise writes q [M, K // PACK] and s [M, K // BS]; columnwise writes the cast of
+    Rowwise writes q [M, K // PACK] and s [M, K // BS]: row-major, or with S_ROW_T
+    column-major at strides (stride_sm, stride_sk) = (1, M). Columnwise writes the cast of
     x^T: q_t [K, M // PACK] row-major and its scales s_t [K, M // BS] stored column-major
     (as the row-major [M // BS, K] buffer s_t.t()). PACK = 2 packs fp4 codes two per
     byte along the blocked dim. All outputs are uint8 views.
@@ -182,7 +183,7 @@ def mx_cast_kernel(
                 x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
                 stride_sm, stride_sk, tile // tiles_k, tile % tiles_k, BLOCK_M, BLOCK_K, BS,
                 FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND,
-                ROWWISE, COLWISE, DEQ, LANES_M,
+                ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T,
             )  # fmt: skip
     elif K_FIRST:
         tiles_k = tl.cdiv(K, BLOCK_K)
@@ -190,14 +191,14 @@ def mx_cast_kernel(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
             stride_sm, stride_sk, tl.program_id(0) // tiles_k, tl.program_id(0) % tiles_k,
             BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK,
-            HW_ROUND, ROWWISE, COLWISE, DEQ, LANES_M,
+            HW_ROUND, ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T,
         )  # fmt: skip
     else:
         _cast_tile(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
             stride_sm, stride_sk, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_K, BS,
             FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE,
-            COLWISE, DEQ, LANES_M,
+            COLWISE, DEQ, LANES_M, S_ROW_T,
         )  # fmt: skip
 
 
@@ -209,7 +210,7 @@ def _cast_tile(
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
-    DEQ: tl.constexpr, LANES_M: tl.constexpr,
+    DEQ: tl.constexpr, LANES_M: tl.constexpr, S_ROW_T: tl.constexpr,
 ):  # fmt: skip
     """Tile (pid_m, pid_k) of :func:`mx_cast_kernel`.
 
@@ -246,7 +247,12 @@ def _cast_tile(
             tl.store(q_ptrs, codes, mask=q_mask)
             offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
             s_mask = (offs_r[:, None] < M) & (offs_s[None, :] < K // BS)
-            s_ptrs = s_row_ptr + offs_r[:, None] * stride_sm + offs_s[None, :] * stride_sk
+            # Column-major through the runtime strides (stride_sm == 1, specialised by
+            # Triton): the exact form measured on the H200 (BENCHMARKS.md, session 4).
+            if S_ROW_T:
+                s_ptrs = s_row_ptr + offs_r[:, None] * stride_sm + offs_s[None, :] * stride_sk
+            else:
+                s_ptrs = s_row_ptr + offs_r[:, None] * (K // BS) + offs_s[None, :]
             tl.store(s_ptrs, tl.reshape(scale, (BLOCK_M, BLOCK_K // BS)), mask=s_mask)
     if COLWISE:
         if LANES_M:  # back to memory order: [repeat, warp, lane, K] -> [block, row, K]
