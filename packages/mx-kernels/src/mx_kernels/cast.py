@@ -382,7 +382,7 @@ def quantize_both(
 
     Why s_row is column-major here (not in :func:`quantize_rowwise`): a tile of this
     cast is one MX block tall, so each tile writes 32 contiguous scale bytes per block
-    column instead of a few bytes in each of 32 rows; that made the cast 6% faster on
+    column instead of a few bytes in each of 32 rows; that made the cast 6-8% faster on
     the H200 (BENCHMARKS.md). ``dequantize_rowwise`` and ``scaled_mm`` take either
     layout; call ``s_row.contiguous()`` for a row-major copy.
     """
