@@ -381,10 +381,10 @@ def quantize_both(
         strides (1, K).
 
     Why s_row is column-major here (not in :func:`quantize_rowwise`): a tile of this
-    cast is one MX block tall, so each tile writes 32 contiguous scale bytes per block
-    column instead of a few bytes in each of 32 rows; that made the cast 6-8% faster on
-    the H200 (BENCHMARKS.md). ``dequantize_rowwise`` and ``scaled_mm`` take either
-    layout; call ``s_row.contiguous()`` for a row-major copy.
+    cast covers many rows and few blocks along K, so column-major scales go out as
+    contiguous runs per block column instead of a byte or a few in each row; that made
+    the cast 6-8% faster on the H200 (BENCHMARKS.md). ``dequantize_rowwise`` and
+    ``scaled_mm`` take either layout; call ``s_row.contiguous()`` for a row-major copy.
     """
     name, mode = _check("quantize_both", x, fmt, block_size, scale_mode, backend, dims=(-1, 0))
     q_row, s_row_buf, q_col_t, s_col_buf = torch.ops.mx.quantize_both(
