@@ -27,9 +27,9 @@ from mx_core.testing import SEMANTIC_CASES, semantic_inputs
 from mx_kernels.cast import (
     TILE_CONFIGS,
     CastTile,
+    _empty_both,
     _empty_cast,
     _empty_cast_t,
-    _empty_scale_t,
     _launch,
 )
 
@@ -121,12 +121,13 @@ def run_cast(kind, x, fmt, mode, tile=None, hw_round=None):
         q_row, q_col = (torch.empty_like(x) if kind.endswith(o) or kind.endswith("both")
                         else None for o in ("rowwise", "colwise"))  # fmt: skip
     else:  # fp4 qdata is packed: [M, K // 2]
-        if kind in ("rowwise", "both"):
+        if kind == "rowwise":
             q_row, s_row = _empty_cast(x.shape, f, 32, x.device)
-        if kind == "both":  # column-major rowwise scales, as mx_kernels.quantize_both has them
-            s_row = _empty_scale_t(x.shape, 32, x.device).t()
-        if kind in ("colwise", "both"):
+        elif kind == "colwise":
             q_col, s_col = _empty_cast_t(x.shape, f, 32, x.device)
+        else:  # column-major rowwise scales, as mx_kernels.quantize_both has them
+            q_row, s_row_buf, q_col, s_col = _empty_both(x.shape, f, 32, x.device)
+            s_row = s_row_buf.t()
 
     def run():
         _launch(x, f, 32, mode, q_row, s_row, q_col, s_col, tile, hw_round, dequantized=fake)

@@ -222,11 +222,16 @@ def _empty_cast_t(
     return qdata_t, scale_buf
 
 
-def _empty_scale_t(shape, block_size: int, device) -> torch.Tensor:
-    """Uninitialised buffer [K // block_size, M] of a rowwise cast's scales of a 2-D x
-    of ``shape`` [M, K], stored column-major (``quantize_both`` returns its transpose)."""
-    m, k = shape
-    return torch.empty(k // block_size, m, dtype=torch.float8_e8m0fnu, device=device)
+def _empty_both(
+    x_shape, fmt: ElementFormat, block_size: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Uninitialised outputs of the both op for a 2-D x of ``x_shape`` [M, K]: q_row
+    [M, K] (fp4: [M, K // 2]), the rowwise scales' buffer [K // block_size, M] (the
+    public s_row is its transpose), then :func:`_empty_cast_t`'s two; all contiguous."""
+    m, k = x_shape
+    q_row = torch.empty(m, k // 2 if fmt.is_packed else k, dtype=fmt.storage_dtype, device=device)
+    s_row_buf = torch.empty(k // block_size, m, dtype=torch.float8_e8m0fnu, device=device)
+    return q_row, s_row_buf, *_empty_cast_t(x_shape, fmt, block_size, device)
 
 
 def _reference(x, fmt, block_size, scale_mode):
@@ -282,19 +287,14 @@ def _quantize_both_op(
     if _choose("quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
         q_row, s_row = _reference(x, f, block_size, scale_mode)
         return q_row, s_row.t().contiguous(), *_reference_t(x, f, block_size, scale_mode)
-    q_row, _ = _empty_cast(x.shape, f, block_size, x.device)
-    s_row_buf = _empty_scale_t(x.shape, block_size, x.device)
-    q_col, s_col = _empty_cast_t(x.shape, f, block_size, x.device)
+    q_row, s_row_buf, q_col, s_col = _empty_both(x.shape, f, block_size, x.device)
     _launch(x, f, block_size, scale_mode, q_row, s_row_buf.t(), q_col, s_col)
     return q_row, s_row_buf, q_col, s_col
 
 
 @_quantize_both_op.register_fake
 def _(x, fmt, block_size, scale_mode, backend):
-    f = get_format(fmt)
-    q_row, _ = _empty_cast(x.shape, f, block_size, x.device)
-    s_row_buf = _empty_scale_t(x.shape, block_size, x.device)
-    return q_row, s_row_buf, *_empty_cast_t(x.shape, f, block_size, x.device)
+    return _empty_both(x.shape, get_format(fmt), block_size, x.device)
 
 
 def _check(
