@@ -2,7 +2,8 @@
 
 Each variant rewrites lines of ``mx_kernels/cast_triton.py`` (skip a store, add a cache
 hint, swap the launch order), loads the copy as a module, and times the casts through
-``casts.run_cast`` at one shape, as a fraction of a copy of the same input. Variants that
+``casts.run_cast`` at one shape, as a fraction of a copy of the same input (CUDA graph
+timing, and do_bench beside it, as casts.py does). Variants that
 skip a store compute wrong outputs on purpose; the others are checked against the
 unedited kernel's bits. BENCHMARKS.md quotes these "leave-one-out" figures.
 
@@ -19,8 +20,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-import triton
-from casts import cast_bytes, run_cast
+from casts import _bench, cast_bytes, run_cast
 
 import mx_kernels.cast_triton as cast_triton
 
@@ -71,13 +71,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", type=int, nargs=2, default=(16384, 8192))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     args = p.parse_args(argv)
     m, k = args.shape
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(x)
-    copy_ms = triton.testing.do_bench(lambda: dst.copy_(x), warmup=50, rep=300,
-                                      return_mode="median")  # fmt: skip
-    copy_bw = 4 * x.numel() / copy_ms
+    copy_graph, copy_events = _bench(lambda: dst.copy_(x))  # ms: CUDA graph, do_bench
     want = {kind: [t.clone() for t in run_cast(kind, x, "fp8_e4m3", "rceil")() if t is not None]
             for kind in KINDS}  # fmt: skip
     original, status = cast_triton.mx_cast_kernel, 0
@@ -86,16 +85,18 @@ def main(argv=None) -> int:
             edits, exact = VARIANTS[name]
             cast_triton.mx_cast_kernel = load_variant(name, edits, Path(folder)).mx_cast_kernel
             try:
-                for kind in KINDS:
+                for kind in args.kinds:
                     run = run_cast(kind, x, "fp8_e4m3", "rceil")
                     got = [t for t in run() if t is not None]
                     same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
                                for a, b in zip(got, want[kind], strict=True))  # fmt: skip
-                    ms = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
-                    ratio = cast_bytes(kind, m, k, 2) / ms / copy_bw
+                    graph, events = _bench(run)
+                    ratio = cast_bytes(kind, m, k, 2) / (4 * x.numel()) * copy_graph / graph
+                    ratio_events = ratio * graph / events * copy_events / copy_graph
                     flag = "" if same or not exact else "  DIFFERS from the unedited kernel"
                     status |= bool(flag)
-                    print(f"{m}x{k} {name:18s} {kind:10s} {ms:.4f} ms {ratio:.3f} of copy{flag}")
+                    print(f"{m}x{k} {name:18s} {kind:10s} {graph:.4f} ms {ratio:.3f} of copy "
+                          f"(do_bench: {ratio_events:.3f}){flag}")  # fmt: skip
             finally:
                 cast_triton.mx_cast_kernel = original
     return status

@@ -22,6 +22,7 @@ run mx-core's reference on the same device (``backend="auto"`` logs that choice 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -108,6 +109,56 @@ def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> CastTile:
     return t
 
 
+@functools.lru_cache(maxsize=512)
+def _launch_config(
+    kind: str,
+    fmt: ElementFormat,
+    block_size: int,
+    scale_mode: str,
+    tile: tuple[int, ...] | None,
+    hw_round: bool,
+    interpreter: bool,
+) -> tuple[CastTile, dict]:
+    """The tile and the kernel's constant arguments for one cast configuration: built
+    once, since a cast's host time is measured against a kernel of tens of microseconds
+    (BENCHMARKS.md, session 5). ``interpreter`` keys the cache on TRITON_INTERPRET,
+    which changes the default tile."""
+    from mx_kernels.cast_triton import FMT_IDS, MODE_IDS
+
+    t = _tile(kind, block_size, tile)
+    constants = dict(
+        BLOCK_M=t.block_m,
+        BLOCK_K=t.block_k,
+        BS=block_size,
+        FMT=FMT_IDS[fmt.name],
+        MODE=MODE_IDS[scale_mode],
+        EMAX=fmt.emax,
+        MBITS=fmt.mbits,
+        MAX_NORMAL=fmt.max_normal,
+        MAX_FRAC=fmt.max_normal_mantissa_bits,
+        EMIN=fmt.emin,
+        BITS=fmt.bits,
+        PACK=2 if fmt.is_packed else 1,
+        HW_ROUND=hw_round,
+        ROWWISE=kind.endswith(("rowwise", "both")),
+        COLWISE=kind.endswith(("colwise", "both")),
+        DEQ=kind.startswith("fake_"),
+        PERSISTENT=bool(t.programs_per_sm),
+        STAGES=t.stages,
+        K_FIRST=t.k_first,
+        LANES_M=t.lanes_m,
+        num_warps=t.warps,
+        **({"maxnreg": t.max_regs} if t.max_regs else {}),
+    )
+    return t, constants
+
+
+@functools.cache
+def _no_output(device: torch.device) -> torch.Tensor:
+    """A zero-size uint8 tensor passed for outputs a cast does not write."""
+    return torch.empty(0, dtype=torch.uint8, device=device)
+
+
 def _launch(
     x2d,
     fmt: ElementFormat,
@@ -131,27 +182,29 @@ def _launch(
     fp32 arithmetic in the interpreter). Benchmarks sweep these; every choice is
     bit-exact where it runs.
     """
-    import triton
-
-    from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_cast_kernel
+    from mx_kernels.cast_triton import mx_cast_kernel
 
     m, k = x2d.shape
-    rowwise, colwise = q_row is not None, q_col is not None
-    kind = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
+    kind = "both" if q_row is not None and q_col is not None else "colwise"
+    kind = "rowwise" if q_col is None else kind
     kind = f"fake_{kind}" if dequantized else kind
-    t = _tile(kind, block_size, tile)
-    dummy = torch.empty(0, dtype=torch.uint8, device=x2d.device)
+    hw_round = (x2d.device.type == "cuda") if hw_round is None else hw_round
+    tile = None if tile is None else tuple(tile)
+    t, constants = _launch_config(
+        kind, fmt, block_size, scale_mode, tile, hw_round, interpreter_enabled()
+    )
+    dummy = _no_output(x2d.device)
 
     def u8(out):
         return dummy if out is None else out if dequantized else out.view(torch.uint8)
 
-    grid = (triton.cdiv(m, t.block_m), triton.cdiv(k, t.block_k))
-    tiles, tiles_per_program = grid[0] * grid[1], 1
+    tiles_m, tiles_k = -(-m // t.block_m), -(-k // t.block_k)
+    grid, tiles_per_program = (tiles_m, tiles_k), 1
     if t.programs_per_sm:
-        grid = (min(tiles, persistent_programs(x2d.device, t.programs_per_sm)),)
-        tiles_per_program = triton.cdiv(tiles, grid[0])
+        grid = (min(tiles_m * tiles_k, persistent_programs(x2d.device, t.programs_per_sm)),)
+        tiles_per_program = -(-tiles_m * tiles_k // grid[0])
     elif t.k_first:
-        grid = (tiles,)
+        grid = (tiles_m * tiles_k,)
     s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)
     if s_row is not None:
         s_row = s_row.view(m, k // block_size)  # a view of the output, never a copy
@@ -170,29 +223,8 @@ def _launch(
         x2d.stride(1),
         *((0, 0) if s_row is None else s_row.stride()),
         tiles_per_program,
-        BLOCK_M=t.block_m,
-        BLOCK_K=t.block_k,
-        BS=block_size,
-        FMT=FMT_IDS[fmt.name],
-        MODE=MODE_IDS[scale_mode],
-        EMAX=fmt.emax,
-        MBITS=fmt.mbits,
-        MAX_NORMAL=fmt.max_normal,
-        MAX_FRAC=fmt.max_normal_mantissa_bits,
-        EMIN=fmt.emin,
-        BITS=fmt.bits,
-        PACK=2 if fmt.is_packed else 1,
-        HW_ROUND=(x2d.device.type == "cuda") if hw_round is None else hw_round,
-        ROWWISE=rowwise,
-        COLWISE=colwise,
-        DEQ=dequantized,
-        PERSISTENT=bool(t.programs_per_sm),
-        STAGES=t.stages,
-        K_FIRST=t.k_first,
-        LANES_M=t.lanes_m,
         S_ROW_T=s_row_t,
-        num_warps=t.warps,
-        **({"maxnreg": t.max_regs} if t.max_regs else {}),
+        **constants,
     )
 
 
