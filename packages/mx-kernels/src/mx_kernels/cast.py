@@ -182,11 +182,13 @@ def _launch(
     fp32 arithmetic in the interpreter). Benchmarks sweep these; every choice is
     bit-exact where it runs.
     """
+    import triton
+
     from mx_kernels.cast_triton import mx_cast_kernel
 
     m, k = x2d.shape
-    kind = "both" if q_row is not None and q_col is not None else "colwise"
-    kind = "rowwise" if q_col is None else kind
+    rowwise, colwise = q_row is not None, q_col is not None
+    kind = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
     kind = f"fake_{kind}" if dequantized else kind
     hw_round = (x2d.device.type == "cuda") if hw_round is None else hw_round
     tile = None if tile is None else tuple(tile)
@@ -198,13 +200,13 @@ def _launch(
     def u8(out):
         return dummy if out is None else out if dequantized else out.view(torch.uint8)
 
-    tiles_m, tiles_k = -(-m // t.block_m), -(-k // t.block_k)
-    grid, tiles_per_program = (tiles_m, tiles_k), 1
+    grid = (triton.cdiv(m, t.block_m), triton.cdiv(k, t.block_k))
+    tiles, tiles_per_program = grid[0] * grid[1], 1
     if t.programs_per_sm:
-        grid = (min(tiles_m * tiles_k, persistent_programs(x2d.device, t.programs_per_sm)),)
-        tiles_per_program = -(-tiles_m * tiles_k // grid[0])
+        grid = (min(tiles, persistent_programs(x2d.device, t.programs_per_sm)),)
+        tiles_per_program = triton.cdiv(tiles, grid[0])
     elif t.k_first:
-        grid = (tiles_m * tiles_k,)
+        grid = (tiles,)
     s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)
     if s_row is not None:
         s_row = s_row.view(m, k // block_size)  # a view of the output, never a copy
