@@ -45,14 +45,17 @@ QUICK_SHAPES = [(4096, 4096)]
 DEVICE = "cuda"  # a module constant so that a CPU smoke run can patch it
 TARGETS = {"rowwise": 0.90, "colwise": 0.85, "both": 0.85}
 # Candidates per cast kind (mx_kernels.cast.CastTile fields: block_m, block_k, warps,
-# programs_per_sm, stages, k_first, max_regs, lanes_m).
+# programs_per_sm, stages, k_first, max_regs, lanes_m, words).
 SWEEP = {
     "rowwise": [(8, 1024, 4), (4, 2048, 8, 0, 1, True), (8, 1024, 4, 4, 2)],
     "colwise": [(32, 128, 1, 0, 1, True), (32, 128, 2)],
     "both": [
         (32, 128, 2, 0, 1, True),  # the default before session 4
-        (128, 64, 4, 0, 1, False, 0, 8),  # uncapped registers
-        (128, 64, 4, 0, 1, True, 96, 8),
+        (128, 64, 4, 0, 1, False, 96, 8),  # the default of session 5: byte transpose
+        (128, 64, 4, 0, 1, False, 96, 8, True),  # M first
+        (128, 64, 4, 0, 1, True, 0, 8, True),  # uncapped registers
+        (256, 64, 8, 0, 1, False, 0, 8, True),  # 256-byte runs of x^T's rows
+        (128, 64, 4, 4, 2, False, 96, 8, True),  # persistent, loads pipelined
     ],
     "fake_rowwise": [(8, 1024, 4, 0, 1, True), (4, 2048, 8)],
     "fake_colwise": [(32, 128, 1), (32, 128, 2, 0, 1, True)],
@@ -81,15 +84,19 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-def check_bit_exact(device: str, quick: bool = False) -> list[str]:
+def check_bit_exact(device: str, quick: bool = False, modes=None, dtypes=None) -> list[str]:
     """Compare the Triton casts (both rounding paths) with mx_core.quantize on ``device``.
 
     ``quick``: bf16 inputs, rceil, the GPU's rounding path only (every format).
+    ``modes`` / ``dtypes`` narrow the full check, e.g. to split it over processes (it
+    compiles hundreds of kernels: over 9 minutes in one process on the H200's host).
     """
     failures = []
     g = torch.Generator(device=device).manual_seed(0)
-    modes = ("rceil",) if quick else ("floor", "ceil", "even", "rceil")
-    dtypes = (torch.bfloat16,) if quick else (torch.float32, torch.bfloat16, torch.float16)
+    modes = modes or (("rceil",) if quick else ("floor", "ceil", "even", "rceil"))
+    dtypes = dtypes or (
+        (torch.bfloat16,) if quick else (torch.float32, torch.bfloat16, torch.float16)
+    )
     for fmt in mx_core.FORMAT_NAMES:
         for mode in modes:
             for dtype in dtypes:
@@ -113,6 +120,7 @@ def check_bit_exact(device: str, quick: bool = False) -> list[str]:
                                     f"hw_round={hw_round}"
                                 )
     what = "quick: bf16, rceil, GPU rounding" if quick else "both rounding paths"
+    what += f"; {', '.join(modes)}; {', '.join(str(d).split('.')[-1] for d in dtypes)}"
     print(
         f"bit-exact check ({len(SEMANTIC_CASES)} semantic cases, random data, {what}): "
         f"{'all equal' if not failures else f'{len(failures)} FAILURES'}"

@@ -75,13 +75,24 @@ def test_colwise_and_both_bit_exact(fmt, mode, dtype):
     q_row, s_row, q_col, s_col = mx_kernels.quantize_both(x, fmt, scale_mode=mode, backend="triton")
     _assert_same((q_row, s_row), want_row)
     _assert_same((q_col, s_col), want_col)
+    # The GPU's "both" tile packs x^T's codes into words (CastTile.words); a small tile
+    # of that kind runs the same code here.
+    f = mx_core.get_format(fmt)
+    q_row, s_row = mx_kernels.cast._empty_cast(x.shape, f, 32, x.device)
+    q_col, s_col = mx_kernels.cast._empty_cast_t(x.shape, f, 32, x.device)
+    words = (32, 32, 1, 0, 1, True, 0, 8, True)
+    assert mx_kernels.cast._launch_config("both", f, 32, mode, words, False, True)[1]["WORDS_T"]
+    mx_kernels.cast._launch(x, f, 32, mode, q_row, s_row, q_col, s_col, tile=words)
+    _assert_same((q_row, s_row), want_row)
+    _assert_same((q_col, s_col.t()), want_col)
 
 
 @pytest.mark.parametrize(
     "tile",
     [(32, 64, 4), (64, 32, 2), (8, 128, 1), (32, 64, 1, 4, 2), (8, 128, 2, 8, 3)]
     + [(32, 32, 2, 0, 1, True), (8, 64, 1, 0, 1, True)]  # K-first launch order
-    + [(128, 64, 4, 0, 1, False, 0, 8), (64, 32, 2, 0, 1, True, 0, 16)],  # rows permuted
+    + [(128, 64, 4, 0, 1, False, 0, 8), (64, 32, 2, 0, 1, True, 0, 16)]  # rows permuted
+    + [(128, 64, 4, 0, 1, False, 0, 8, True), (32, 32, 1, 0, 1, True, 0, 8, True)],  # words
 )
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp6_e3m2", "fp4_e2m1"])
 def test_tile_variants_bit_exact(fmt, tile):

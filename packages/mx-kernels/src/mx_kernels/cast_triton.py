@@ -156,7 +156,7 @@ def mx_cast_kernel(
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
     DEQ: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr, K_FIRST: tl.constexpr,
-    LANES_M: tl.constexpr, S_ROW_T: tl.constexpr,
+    LANES_M: tl.constexpr, S_ROW_T: tl.constexpr, WORDS_T: tl.constexpr,
 ):  # fmt: skip
     """Rowwise and/or columnwise MX cast of x [M, K], tile by [BLOCK_M, BLOCK_K] tile.
 
@@ -183,7 +183,7 @@ def mx_cast_kernel(
                 x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
                 stride_sm, stride_sk, tile // tiles_k, tile % tiles_k, BLOCK_M, BLOCK_K, BS,
                 FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND,
-                ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T,
+                ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T,
             )  # fmt: skip
     elif K_FIRST:
         tiles_k = tl.cdiv(K, BLOCK_K)
@@ -191,14 +191,14 @@ def mx_cast_kernel(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
             stride_sm, stride_sk, tl.program_id(0) // tiles_k, tl.program_id(0) % tiles_k,
             BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK,
-            HW_ROUND, ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T,
+            HW_ROUND, ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T,
         )  # fmt: skip
     else:
         _cast_tile(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
             stride_sm, stride_sk, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_K, BS,
             FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE,
-            COLWISE, DEQ, LANES_M, S_ROW_T,
+            COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T,
         )  # fmt: skip
 
 
@@ -210,12 +210,13 @@ def _cast_tile(
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
-    DEQ: tl.constexpr, LANES_M: tl.constexpr, S_ROW_T: tl.constexpr,
+    DEQ: tl.constexpr, LANES_M: tl.constexpr, S_ROW_T: tl.constexpr, WORDS_T: tl.constexpr,
 ):  # fmt: skip
     """Tile (pid_m, pid_k) of :func:`mx_cast_kernel`.
 
     LANES_M > 0 loads the tile's rows permuted so that each warp holds whole MX blocks
-    of rows (see below); BLOCK_M must then be num_warps * BS.
+    of rows (see below); BLOCK_M must then be num_warps * BS. WORDS_T (LANES_M = BS / 4,
+    one code per byte) stores the codes of x^T as 32-bit words of four rows.
     """
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # x's rows in memory order
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -226,7 +227,12 @@ def _cast_tile(
         # each warp holds one whole MX block of rows: the columnwise amax then needs no
         # exchange between warps, and a tile can be BLOCK_M = num_warps * BS tall.
         w = BLOCK_M // BS
-        rows = (rows // LANES_M % w) * BS + rows // (LANES_M * w) * LANES_M + rows % LANES_M
+        if WORDS_T:
+            # Instead each thread's repeats are consecutive rows (lane * 4 + repeat), so
+            # that it holds four rows' codes to pack into one word of x^T's row.
+            rows = (rows // LANES_M % w) * BS + rows % LANES_M * 4 + rows // (LANES_M * w)
+        else:
+            rows = (rows // LANES_M % w) * BS + rows // (LANES_M * w) * LANES_M + rows % LANES_M
     offs_r = pid_m * BLOCK_M + rows  # x's rows in the order the tile holds them
     mask = (offs_r[:, None] < M) & (offs_k[None, :] < K)
     x_ptrs = x_ptr + offs_r[:, None] * stride_xm + offs_k[None, :] * stride_xk
@@ -267,12 +273,23 @@ def _cast_tile(
             out_ptrs = q_col_ptr + offs_m[:, None] * K + offs_k[None, :]
             mask_m = (offs_m[:, None] < M) & (offs_k[None, :] < K)
             store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask_m, HW_ROUND)
+        elif WORDS_T:
+            # Four rows' codes, held by one thread, make one little-endian 32-bit word of
+            # x^T's row: the transpose then moves words, not bytes, through shared memory.
+            codes = tl.reshape(codes, (BLOCK_M // BS, 4, LANES_M, BLOCK_K)).to(tl.int32)
+            shifts = (tl.arange(0, 4) * 8)[None, :, None, None]
+            words = tl.reshape(tl.sum(codes << shifts, axis=1), (BLOCK_M // 4, BLOCK_K))
+            offs_w = pid_m * (BLOCK_M // 4) + tl.arange(0, BLOCK_M // 4)
+            mask_t = (offs_k[:, None] < K) & (offs_w[None, :] < M // 4)
+            w_ptrs = q_col_ptr.to(tl.pointer_type(tl.int32)) + offs_k[:, None] * (M // 4)
+            tl.store(w_ptrs + offs_w[None, :], tl.trans(words), mask=mask_t)
         else:
             codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
             offs_q = pid_m * (BLOCK_M // PACK) + tl.arange(0, BLOCK_M // PACK)
             mask_t = (offs_k[:, None] < K) & (offs_q[None, :] < M // PACK)
             q_ptrs = q_col_ptr + offs_k[:, None] * (M // PACK) + offs_q[None, :]
             tl.store(q_ptrs, codes_t, mask=mask_t)
+        if not DEQ:
             # The scales of x^T are stored [M // BS, K] (see mx_kernels.cast): whole rows
             # of BLOCK_K bytes, not BLOCK_M // BS bytes in each of BLOCK_K rows.
             offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
