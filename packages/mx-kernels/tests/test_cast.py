@@ -114,6 +114,19 @@ def test_tile_variants_bit_exact(fmt, tile):
     _assert_same((q_col, s_col.t()), want_col)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_fp4_of_k_strided_input(dtype, caplog):
+    """fp4 from an x strided along K reads a contiguous copy (see mx_kernels.cast._launch),
+    says so in the log, and returns the same bits."""
+    x = _data((96, 64), dtype, seed=7).t()  # [64, 96], strides (1, 64)
+    mx_kernels.backend._LOGGED.clear()  # each choice is logged once per process
+    with caplog.at_level(logging.INFO, logger="mx_kernels"):
+        q_row, s_row, q_col, s_col = mx_kernels.quantize_both(x, "fp4_e2m1", backend="triton")
+    _assert_same((q_row, s_row), mx_core.quantize(x, "fp4_e2m1"))
+    _assert_same((q_col, s_col), mx_core.quantize(x.t().contiguous(), "fp4_e2m1"))
+    assert "fp4, x strided along K: copy" in caplog.text
+
+
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_colwise_layouts(backend):
     """qdata_t is row-major; scale_t [K, M // 32] is column-major (its transpose is the

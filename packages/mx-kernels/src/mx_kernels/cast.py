@@ -33,6 +33,7 @@ from mx_kernels.backend import (
     BACKENDS,
     TRITON_BLOCK_SIZES,
     interpreter_enabled,
+    log_choice,
     persistent_programs,
     resolve_backend_for,
 )
@@ -331,6 +332,13 @@ def _quantize_both_op(
     if _choose("quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
         q_row, s_row = _reference(x, f, block_size, scale_mode)
         return q_row, s_row.t().contiguous(), *_reference_t(x, f, block_size, scale_mode)
+    if f.is_packed and x.stride(1) != 1:
+        # On the H200 (triton 3.6) the fused cast wrote wrong columnwise scales and codes
+        # for fp4 from an fp32 x strided along K (x.t() of a contiguous tensor), while
+        # from a contiguous x it was exact (BENCHMARKS.md, session 6; reproducer:
+        # tools/bench/repro_both_fp4.py). Until that is understood, it reads a copy.
+        log_choice("quantize_both", "triton", x.device.type, "fp4, x strided along K: copy")
+        x = x.contiguous()
     q_row, s_row_buf, q_col, s_col = _empty_both(x.shape, f, block_size, x.device)
     _launch(x, f, block_size, scale_mode, q_row, s_row_buf.t(), q_col, s_col)
     return q_row, s_row_buf, q_col, s_col
