@@ -19,6 +19,7 @@ import argparse
 import torch
 
 import mx_core
+import mx_kernels
 from mx_kernels.cast import TILE_CONFIGS, CastTile, _empty_both, _launch
 
 # CastTile fields: block_m, block_k, warps, programs_per_sm, stages, k_first, max_regs,
@@ -78,6 +79,17 @@ def main(argv=None) -> int:
                 label = str(CastTile(*(tile or TILE_CONFIGS["both"])))
                 dt = str(dtype).removeprefix("torch.")
                 print(f"{fmt} {dt} {layout:10s} {label}: {counts} {where}".rstrip(), flush=True)
+    # The fused fake-quantize cast (MXLinear's sm90 path, its own tile) on the same inputs,
+    # every format: not covered by casts.py's full check.
+    for fmt in mx_core.FORMAT_NAMES:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = rnd.to(dtype).t()
+            row, col = mx_kernels.fake_quantize_both(x, fmt, backend="triton")
+            want = [mx_core.quantize(x, fmt, dim=d).dequantize(x.dtype) for d in (-1, 0)]
+            wrong = [int((a != w).sum()) for a, w in zip((row, col), want, strict=True)]
+            failing += any(wrong)
+            dt = str(dtype).removeprefix("torch.")
+            print(f"fake_quantize_both {fmt} {dt} K-strided: wrong values row / col {wrong}")
     print(f"{failing} failing cases")
     return 1 if failing else 0
 
