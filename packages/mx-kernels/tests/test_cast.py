@@ -116,7 +116,7 @@ def test_tile_variants_bit_exact(fmt, tile):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_fp4_of_k_strided_input(dtype, caplog):
-    """fp4 from an x strided along K reads a contiguous copy (see mx_kernels.cast._launch),
+    """fp4 from an x strided along K reads a contiguous copy (see _quantize_both_op),
     says so in the log, and returns the same bits."""
     x = _data((96, 64), dtype, seed=7).t()  # [64, 96], strides (1, 64)
     mx_kernels.backend._LOGGED.clear()  # each choice is logged once per process
