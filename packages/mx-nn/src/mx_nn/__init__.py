@@ -1,14 +1,17 @@
 """mx-nn: ``MXLinear``, configs and recipes, and model conversion.
 
 ``convert(model, "mxfp8")`` swaps ``nn.Linear`` layers for :class:`MXLinear`, whose
-three GEMMs run in MX (the GEMM table is in :mod:`mx_nn.config`). ``parallelize`` and
-the ``mx-train`` command come with the parallelism issues.
+three GEMMs run in MX (the GEMM table is in :mod:`mx_nn.config`).
+``parallelize(model, mesh)`` converts a Llama-style model and applies tensor, sequence
+and FSDP2 parallelism (:mod:`mx_nn.parallelize`, plan in :mod:`mx_nn.tp_plan`).
 """
 
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.convert import convert
 from mx_nn.linear import MXLinear
+from mx_nn.parallelize import parallelize
 
 __version__ = "0.1.0"
 
 __all__ = ["MXLinear", "MXLinearConfig", "MXRecipe", "convert"]
+__all__ += ["parallelize"]

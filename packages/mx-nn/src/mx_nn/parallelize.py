@@ -1,0 +1,308 @@
+"""``parallelize(model, mesh)``: MX conversion, tensor/sequence parallelism and FSDP2 for
+Llama-style models (the namings and the plan are in :mod:`mx_nn.tp_plan`)."""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+from mx_nn.config import MXLinearConfig, MXRecipe
+from mx_nn.convert import convert
+from mx_nn.linear import MXLinear
+from mx_nn.tp_plan import NAMINGS, ModelMap, Naming, block_plan, find_model_map, root_plan
+
+__all__ = ["parallelize"]
+
+logger = logging.getLogger("mx_nn")
+
+# Attributes a Llama attention module may read its head counts from; each one present is
+# divided by the TP degree so the model's own attention code sees its local heads.
+# (Hugging Face's LlamaAttention infers them from the tensor shapes: it has none.)
+_HEAD_ATTRS = (
+    "n_heads",
+    "n_kv_heads",
+    "num_heads",
+    "num_key_value_heads",
+    "n_local_heads",
+    "n_local_kv_heads",
+)
+
+
+def parallelize(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    recipe: str | MXRecipe | MXLinearConfig | None = "mxfp8",
+    plan: dict[str, ParallelStyle] | None = None,
+    sequence_parallel: bool = True,
+    mx_lm_head: bool = False,
+    compile: bool = False,
+) -> nn.Module:
+    """Convert ``model`` to MX and parallelize it over ``mesh``, in place.
+
+    Mesh: 1-D (any name but ``"dp"``): tensor parallel over it. 1-D named ``"dp"``:
+    FSDP2 only. 2-D named ``("dp", "tp")``: tensor parallel on ``"tp"``, then
+    ``fully_shard`` of each decoder block and of the root on ``"dp"``.
+
+    Args:
+        model: a Llama-style model (Hugging Face or torchtitan naming, found by
+            structure) or any model with an explicit ``plan``.
+        mesh: the device mesh, as above.
+        recipe: MX recipe or config for ``mx_nn.convert``; None keeps the linears as
+            they are. The LM head stays high precision unless ``mx_lm_head``.
+        plan: fqn pattern (``*`` matches one path component) -> ParallelStyle, applied
+            instead of the built-in plan; every pattern must match a module.
+        sequence_parallel: shard norms and the residual stream along the sequence
+            (dim 1). Where it cannot apply (no embedding or final norm found) it is
+            logged and plain tensor parallelism runs.
+        mx_lm_head: convert the LM head too.
+        compile: ``torch.compile`` each decoder block (in place, fqns unchanged).
+
+    Returns:
+        ``model``, with the same state_dict keys (values become DTensors).
+
+    Raises:
+        ValueError: a mesh without the needed dims, a model it cannot map (the message
+            lists its linears), a plan pattern matching nothing, head counts or feature
+            sizes not divisible by the TP degree, or MX shards not multiples of the
+            block size. All are checked before the model is changed.
+    """
+    tp_mesh, dp_mesh = _split_mesh(mesh)
+    tp = tp_mesh.size() if tp_mesh is not None else 1
+    config = None if recipe is None else _config(recipe)
+    model_map = find_model_map(model)
+    if tp_mesh is not None and plan is None and model_map is None:
+        raise ValueError(_unmapped_message(model))
+    if tp_mesh is not None and plan is not None:
+        explicit = _expand_plan(model, plan)
+    will_be_mx = _mx_linears_after_convert(model, model_map, config, mx_lm_head)
+    sp = sequence_parallel and _sequence_parallel_applies(model_map, plan)
+    if tp_mesh is not None:
+        if plan is None:
+            _check_tp_sizes(model, model_map, tp, will_be_mx, config)
+    # All checks passed: from here on the model changes.
+    # Order: convert first (tensor parallelism shards the MXLinear's own parameters, so
+    # the styles see the final module types); tensor parallel next (it replaces
+    # parameters by DTensors on "tp", which FSDP2 then shards further on "dp");
+    # activation checkpointing is the model's own, wrapping whole blocks (parallelize
+    # adds none); per-block compile after TP so the graphs trace the DTensor code, and
+    # before FSDP so its per-block all-gather hooks stay outside the compiled graphs;
+    # FSDP last, per block then the root, so each block's parameters gather together.
+    if config is not None:
+        head = model_map.head if model_map is not None else None
+        convert(model, config, filter_fn=lambda _m, fqn: mx_lm_head or fqn != head)
+    if tp_mesh is not None:
+        if plan is not None:
+            parallelize_module(model, tp_mesh, explicit)
+            logger.info("mx_nn.parallelize: explicit plan, %d modules, tp=%d", len(explicit), tp)
+        else:
+            _apply_tp(model, model_map, tp_mesh, sp)
+    blocks = [model.get_submodule(b) for b in model_map.blocks] if model_map else []
+    if compile:
+        for block in blocks:
+            block.compile()
+    if dp_mesh is not None:
+        for block in blocks:
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+        logger.info(
+            "mx_nn.parallelize: fully_shard of %d blocks and the root, dp=%d",
+            len(blocks),
+            dp_mesh.size(),
+        )
+    return model
+
+
+def _config(recipe: str | MXRecipe | MXLinearConfig) -> MXLinearConfig:
+    if isinstance(recipe, MXLinearConfig):
+        return recipe
+    if not isinstance(recipe, str | MXRecipe):
+        raise TypeError(
+            f"recipe must be a recipe name, MXRecipe, MXLinearConfig or None, got {recipe!r}"
+        )
+    return MXLinearConfig.from_recipe(recipe)
+
+
+def _split_mesh(mesh: DeviceMesh) -> tuple[DeviceMesh | None, DeviceMesh | None]:
+    """(tp mesh, dp mesh) of a 1-D or ("dp", "tp") mesh."""
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"mesh must be a torch.distributed DeviceMesh, got {type(mesh).__name__}")
+    names = mesh.mesh_dim_names
+    if mesh.ndim == 1:
+        return (None, mesh) if names == ("dp",) else (mesh, None)
+    if mesh.ndim == 2 and names == ("dp", "tp"):
+        return mesh["tp"], mesh["dp"]
+    raise ValueError(
+        f"mesh must be 1-D (tensor parallel; or named ('dp',) for FSDP2 only) or 2-D with "
+        f"mesh_dim_names=('dp', 'tp'), got a {mesh.ndim}-D mesh with mesh_dim_names={names}"
+    )
+
+
+def _unmapped_message(model: nn.Module) -> str:
+    linears = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
+    shown = ", ".join(linears[:24]) + (
+        f", ... ({len(linears)} in all)" if len(linears) > 24 else ""
+    )
+    expected = "; ".join(
+        f"{n.name}: blocks with {', '.join(n.linears)}, {n.attention_norm}, {n.mlp_norm}"
+        for n in NAMINGS
+    )
+    return (
+        f"parallelize cannot map {type(model).__name__}: found the linears [{shown or 'none'}]; "
+        f"expected decoder blocks of one of these namings ({expected}). Pass plan= "
+        f"(fqn pattern -> ParallelStyle) for other models."
+    )
+
+
+def _expand_plan(model: nn.Module, plan: dict[str, ParallelStyle]) -> dict[str, ParallelStyle]:
+    if not isinstance(plan, dict):
+        raise TypeError(f"plan must be a dict of fqn pattern -> ParallelStyle, got {plan!r}")
+    fqns = [fqn for fqn, _ in model.named_modules() if fqn]
+    out: dict[str, ParallelStyle] = {}
+    for pattern, style in plan.items():
+        if not isinstance(style, ParallelStyle):
+            raise TypeError(f"plan[{pattern!r}] must be a ParallelStyle, got {style!r}")
+        atoms = pattern.split(".")
+        hits = [
+            f
+            for f in fqns
+            if len(parts := f.split(".")) == len(atoms)
+            and all(fnmatch.fnmatchcase(p, a) for p, a in zip(parts, atoms, strict=True))
+        ]
+        if not hits:
+            raise ValueError(
+                f"plan key {pattern!r} matches no module of {type(model).__name__} "
+                f"(its modules include {', '.join(fqns[:12])})"
+            )
+        out.update(dict.fromkeys(hits, style))
+    return out
+
+
+def _mx_linears_after_convert(
+    model: nn.Module, model_map: ModelMap | None, config: MXLinearConfig | None, mx_head: bool
+) -> dict[str, int]:
+    """fqn -> block size of every linear that will be an MXLinear after conversion."""
+    head = model_map.head if model_map is not None else None
+    out = {}
+    for fqn, m in model.named_modules():
+        if isinstance(m, MXLinear):
+            out[fqn] = m.config.block_size
+        elif config is not None and type(m) is nn.Linear and (mx_head or fqn != head):
+            bs = config.block_size
+            if m.in_features % bs == 0 and m.out_features % bs == 0:
+                out[fqn] = bs
+    return out
+
+
+def _sequence_parallel_applies(model_map: ModelMap | None, plan) -> bool:
+    why = None
+    if plan is not None:
+        why = "an explicit plan decides its own layouts"
+    elif model_map is not None and (model_map.embedding is None or model_map.norm is None):
+        missing = "embedding" if model_map.embedding is None else "final norm"
+        why = f"no {missing} found to enter/leave the sequence-sharded region"
+    if why is None:
+        return True
+    logger.info("mx_nn.parallelize: sequence parallelism not applied (%s)", why)
+    return False
+
+
+def _heads(attn: nn.Module, q: nn.Linear, k: nn.Linear, fqn: str) -> tuple[int, int]:
+    head_dim = getattr(attn, "head_dim", None)
+    if not isinstance(head_dim, int):
+        n = next((getattr(attn, a) for a in ("n_heads", "num_heads") if hasattr(attn, a)), None)
+        if not isinstance(n, int) or n <= 0:
+            raise ValueError(
+                f"parallelize cannot read the head counts of {fqn}: it has no int head_dim, "
+                f"n_heads or num_heads attribute"
+            )
+        head_dim = q.out_features // n
+    return q.out_features // head_dim, k.out_features // head_dim
+
+
+def _check_tp_sizes(
+    model: nn.Module, model_map: ModelMap, tp: int, mx: dict[str, int], config
+) -> None:
+    n: Naming = model_map.naming
+    split = {  # fqn suffix -> which dim is split across ranks
+        **{f"{n.attention}.{p}": "out_features" for p in n.qkv},
+        f"{n.attention}.{n.out}": "in_features",
+        **{f"{n.mlp}.{p}": "out_features" for p in n.gate_up},
+        f"{n.mlp}.{n.down}": "in_features",
+    }
+    for b in model_map.blocks:
+        attn = model.get_submodule(f"{b}.{n.attention}")
+        q, k = (model.get_submodule(f"{b}.{n.attention}.{p}") for p in n.qkv[:2])
+        heads, kv_heads = _heads(attn, q, k, f"{b}.{n.attention}")
+        if heads % tp or kv_heads % tp:
+            raise ValueError(
+                f"{b}.{n.attention} has {heads} query and {kv_heads} key/value heads: both "
+                f"must be divisible by the tensor-parallel degree tp={tp}"
+            )
+        for suffix, dim in split.items():
+            fqn = f"{b}.{suffix}"
+            _check_split(fqn, dim, getattr(model.get_submodule(fqn), dim), tp, mx.get(fqn))
+    if model_map.embedding is not None:
+        emb = model.get_submodule(model_map.embedding)
+        _check_split(model_map.embedding, "num_embeddings", emb.num_embeddings, tp, None)
+    if model_map.head is not None:
+        head = model.get_submodule(model_map.head)
+        _check_split(model_map.head, "out_features", head.out_features, tp, mx.get(model_map.head))
+
+
+def _check_split(fqn: str, dim: str, size: int, tp: int, block: int | None) -> None:
+    if size % tp:
+        raise ValueError(
+            f"{fqn}.{dim}={size} is not divisible by the tensor-parallel degree tp={tp}"
+        )
+    if block is not None and (size // tp) % block:
+        raise ValueError(
+            f"{fqn}.{dim}={size} splits into shards of {size // tp} at tp={tp}, not a multiple "
+            f"of the MX block size {block}: MX casts need whole blocks per shard"
+        )
+
+
+def _apply_tp(model: nn.Module, model_map: ModelMap, tp_mesh: DeviceMesh, sp: bool) -> None:
+    n, tp = model_map.naming, tp_mesh.size()
+    full: dict[str, ParallelStyle] = {}
+    for b in model_map.blocks:
+        block = model.get_submodule(b)
+        full.update({f"{b}.{k}": v for k, v in block_plan(block, n, sequence_parallel=sp).items()})
+        attn = block.get_submodule(n.attention)
+        for attr in _HEAD_ATTRS:
+            if isinstance(getattr(attn, attr, None), int) and not isinstance(
+                getattr(attn, attr), bool
+            ):
+                setattr(attn, attr, getattr(attn, attr) // tp)
+    full.update(root_plan(model_map, sequence_parallel=sp))
+    parallelize_module(model, tp_mesh, full)
+    if sp and model_map.embedding is not None:
+        emb = model.get_submodule(model_map.embedding)
+        emb.register_forward_pre_hook(_sequence_check(model_map.embedding, tp))
+    logger.info(
+        "mx_nn.parallelize: %s plan on %d blocks, tp=%d, sequence_parallel=%s",
+        n.name,
+        len(model_map.blocks),
+        tp,
+        sp,
+    )
+
+
+def _sequence_check(fqn: str, tp: int):
+    def hook(_module, args):
+        tokens = args[0]
+        seq = tokens.shape[1] if tokens.ndim >= 2 else None
+        if seq is None or seq % tp:
+            pad = -seq % tp if seq is not None else tp
+            raise ValueError(
+                f"sequence parallelism splits the input of {fqn} along dim 1 into tp={tp} "
+                f"shards: got input shape {tuple(tokens.shape)}; pad the sequence by {pad} "
+                f"tokens to a multiple of {tp}"
+            )
+
+    return hook
