@@ -8,7 +8,9 @@ the ``mx-train`` command come with the parallelism issues.
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.convert import convert
 from mx_nn.linear import MXLinear
+from mx_nn.llama import Attention, FeedForward, Llama, LlamaConfig, TransformerBlock
 
 __version__ = "0.1.0"
 
 __all__ = ["MXLinear", "MXLinearConfig", "MXRecipe", "convert"]
+__all__ += ["Attention", "FeedForward", "Llama", "LlamaConfig", "TransformerBlock"]
