@@ -9,9 +9,11 @@ and FSDP2 parallelism (:mod:`mx_nn.parallelize`, plan in :mod:`mx_nn.tp_plan`).
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.convert import convert
 from mx_nn.linear import MXLinear
+from mx_nn.llama import Attention, FeedForward, Llama, LlamaConfig, TransformerBlock
 from mx_nn.parallelize import parallelize
 
 __version__ = "0.1.0"
 
 __all__ = ["MXLinear", "MXLinearConfig", "MXRecipe", "convert"]
+__all__ += ["Attention", "FeedForward", "Llama", "LlamaConfig", "TransformerBlock"]
 __all__ += ["parallelize"]
