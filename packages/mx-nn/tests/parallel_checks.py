@@ -17,6 +17,7 @@ from parallel_models import (
     hf_model,
     logits_of,
     loss_of,
+    project_model,
     rel_err,
     titan_model,
 )
@@ -45,7 +46,7 @@ class CommCounter(TorchDispatchMode):
 
 
 _COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-MODELS = {"titan": titan_model, "hf": hf_model}
+MODELS = {"titan": titan_model, "hf": hf_model, "llama": project_model}
 BATCH, SEQ, STEPS = 2, 64, 5
 
 
@@ -86,6 +87,12 @@ def equivalence(rank: int, world: int, cases: list[tuple]) -> dict:
         loss_of(par, local).backward()
         pars = dict(par.named_parameters())
         grads = {n: rel_err(pars[n].grad, p.grad) for n, p in ref.named_parameters()}
+        noise = {}
+        if recipe is not None:  # how far MX itself moves each gradient from high precision
+            hp = MODELS[kind]()
+            loss_of(hp, tokens).backward()
+            hp_grads = dict(hp.named_parameters())
+            noise = {n: rel_err(p.grad, hp_grads[n].grad) for n, p in ref.named_parameters()}
         exact = all(torch.equal(full(pars[n].grad), p.grad) for n, p in ref.named_parameters())
         losses = {"ref": [], "par": []}
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.1) for k, m in (("ref", ref), ("par", par))}
@@ -108,6 +115,7 @@ def equivalence(rank: int, world: int, cases: list[tuple]) -> dict:
             "comms": comm.counts,
             "logits": logits,
             "grads": grads,
+            "mx_noise": noise,
             "grads_exact": exact,
             "losses": losses,
             "keys_kept": list(par.state_dict()) == list(ref.state_dict()),
@@ -283,4 +291,21 @@ def checkpoints(rank: int, world: int, kind: str, path: str) -> dict:
         set_model_state_dict(model, sd["model"])
         set_optimizer_state_dict(model, opt, sd["optim"])
         out[name] = next_two(model, opt)
+    return out
+
+
+def two_rank_suite(rank: int, world: int, cases: list[tuple]) -> dict:
+    """equivalence, bad_inputs and fallbacks_and_options in one process group."""
+    return {
+        "equivalence": equivalence(rank, world, cases),
+        "errors": bad_inputs(rank, world),
+        "options": fallbacks_and_options(rank, world),
+    }
+
+
+def four_rank_suite(rank: int, world: int, cases: list[tuple], path: str) -> dict:
+    """equivalence, then checkpoints of the project's and the transformers model."""
+    out = {"equivalence": equivalence(rank, world, cases)}
+    for kind in ("llama", "hf"):
+        out[kind] = checkpoints(rank, world, kind, f"{path}/{kind}")
     return out

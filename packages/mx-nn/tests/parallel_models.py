@@ -125,6 +125,16 @@ def hf_model(seed: int = 0) -> nn.Module:
     return LlamaForCausalLM(config)
 
 
+def project_model(seed: int = 0) -> nn.Module:
+    """The project's own mx_nn.Llama at the tests' shape."""
+    import mx_nn
+
+    torch.manual_seed(seed)
+    config = mx_nn.LlamaConfig(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS,
+                               vocab_size=VOCAB, hidden_dim=FFN)  # fmt: skip
+    return mx_nn.Llama(config)
+
+
 def logits_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     out = model(tokens)
     return out if isinstance(out, torch.Tensor) else out.logits

@@ -6,6 +6,14 @@ Tolerance: TP splits the reductions of the rowwise GEMMs across ranks (partial s
 added in another order), so logits and gradients differ from one process by rounding
 only: REL = 1e-4, as for the 5 training steps' losses. FSDP2 alone runs each rank's
 forward with the same arithmetic as one process: its logits are bit-exact.
+
+With MX linears under TP the reordered fp32 partial sums (about 1e-7 apart) flip the
+rounding of an occasional element of a later cast (e4m3 rounds in steps of 2^-3
+relative) or the E8M0 scale of a block, and backward compounds the flips towards the
+first layers. Logits and the first loss still meet REL; gradients are held to a
+fraction MX_VS_NOISE of how far MX itself moves each gradient from high precision
+(measured 0.002-0.25 of it), and the losses of the later steps to MX_LOSS_REL
+(measured up to 2.1e-3).
 """
 
 import sys
@@ -15,27 +23,34 @@ import pytest
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))  # the spawned ranks import these by name
-from parallel_checks import bad_inputs, checkpoints, equivalence, fallbacks_and_options  # noqa: E402
+from parallel_checks import four_rank_suite, two_rank_suite  # noqa: E402
 from parallel_models import spawn  # noqa: E402
 
 REL = 1e-4
+MX_VS_NOISE = 0.5
+MX_LOSS_REL = 5e-3
 needs_dist = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is unavailable")
 
 # (name, model, mesh shape, mesh dim names, recipe, parallelize kwargs). TP with MX
 # recipes needs the DTensor sharding rules of the mx ops; until then TP runs the models'
 # own nn.Linear layers, and MX is checked under FSDP2 (which gathers whole weights).
 TWO_RANKS = [
-    ("titan tp", "titan", (2,), ("tp",), None, {"sequence_parallel": False}),
     ("titan tp+sp", "titan", (2,), ("tp",), None, {}),
     ("hf tp", "hf", (2,), ("tp",), None, {"sequence_parallel": False}),
     ("hf tp+sp", "hf", (2,), ("tp",), None, {}),
+    ("llama tp+sp", "llama", (2,), ("tp",), None, {}),
     ("titan fsdp mxfp8", "titan", (2,), ("dp",), "mxfp8", {}),
     ("hf fsdp mxfp8", "hf", (2,), ("dp",), "mxfp8", {}),
+    ("titan tp mxfp8", "titan", (2,), ("tp",), "mxfp8", {"sequence_parallel": False}),
+    ("llama tp+sp mxfp8", "llama", (2,), ("tp",), "mxfp8", {}),
+    ("hf tp+sp mxfp8", "hf", (2,), ("tp",), "mxfp8", {}),
 ]
 FOUR_RANKS = [
     ("titan dp2 x tp2", "titan", (2, 2), ("dp", "tp"), None, {}),
     ("hf dp2 x tp2", "hf", (2, 2), ("dp", "tp"), None, {}),
     ("hf tp4+sp", "hf", (4,), ("tp",), None, {}),
+    ("llama dp2 x tp2 mxfp8", "llama", (2, 2), ("dp", "tp"), "mxfp8", {}),
+    ("hf tp4+sp mxfp8", "hf", (4,), ("tp",), "mxfp8", {}),
 ]
 # Collectives of one forward (2 blocks): with SP one all-gather per attention and MLP
 # input plus the head's input and output, one reduce-scatter per rowwise layer and the
@@ -46,29 +61,31 @@ TP_COMMS = {"all_gather_into_tensor": 1, "all_reduce": 5}
 
 def _check_equivalence(results: dict) -> None:
     for name, r in results.items():
+        mx_tp = r["mx_noise"] and "fsdp" not in name
         assert r["keys_kept"], name
         assert r["logits"] <= REL, (name, r["logits"])
-        worst = max(r["grads"], key=r["grads"].get)
-        assert r["grads"][worst] <= REL, (name, worst, r["grads"][worst])
-        for ref, par in zip(r["losses"]["ref"], r["losses"]["par"], strict=True):
-            assert abs(par - ref) <= REL * abs(ref), (name, r["losses"])
+        for param, err in r["grads"].items():
+            bound = MX_VS_NOISE * r["mx_noise"][param] if mx_tp else REL
+            assert err <= max(bound, REL), (name, param, err, bound)
+        ref_losses, par_losses = r["losses"]["ref"], r["losses"]["par"]
+        for step, (ref, par) in enumerate(zip(ref_losses, par_losses, strict=True)):
+            tol = MX_LOSS_REL if mx_tp and step else REL
+            assert abs(par - ref) <= tol * abs(ref), (name, step, r["losses"])
         if "fsdp" in name:
             assert r["logits"] == 0.0, name
             assert r["comms"] == {}, name
         else:
-            assert r["comms"] == (SP_COMMS if "sp" in name or "x" in name else TP_COMMS), (
-                name,
-                r["comms"],
-            )
+            sp = "sp" in name or " x " in name
+            assert r["comms"] == (SP_COMMS if sp else TP_COMMS), (name, r["comms"])
 
 
 @needs_dist
 def test_two_ranks_tp_sp_fsdp_bad_inputs_and_options():
-    results = spawn(equivalence, 2, TWO_RANKS)
+    results = spawn(two_rank_suite, 2, TWO_RANKS)
     for rank_result in results:
-        _check_equivalence(rank_result)
+        _check_equivalence(rank_result["equivalence"])
 
-    errors = spawn(bad_inputs, 2)[0]
+    errors = results[0]["errors"]
     assert (
         "mesh_dim_names=('dp', 'tp'), got a 2-D mesh with mesh_dim_names=('a', 'b')"
         in errors["2-D mesh named (a, b)"]
@@ -96,7 +113,7 @@ def test_two_ranks_tp_sp_fsdp_bad_inputs_and_options():
         "got input shape (1, 63); pad the sequence by 1 tokens" in errors["sequence not divisible"]
     )
 
-    opts = spawn(fallbacks_and_options, 2)[0]
+    opts = results[0]["options"]
     assert opts["no embedding: logits"] <= REL and opts["no embedding: norms replicated"]
     assert opts["explicit plan: logits"] <= REL and opts["explicit plan: only its modules"]
     assert opts["mx_lm_head converts the head"] and opts["head stays high precision"]
@@ -111,10 +128,11 @@ def test_two_ranks_tp_sp_fsdp_bad_inputs_and_options():
 
 @needs_dist
 def test_four_ranks_dp_x_tp_tp4_and_checkpoints_across_degrees(tmp_path):
-    for rank_result in spawn(equivalence, 4, FOUR_RANKS):
-        _check_equivalence(rank_result)
-    for kind in ("titan", "hf"):
-        r = spawn(checkpoints, 4, kind, str(tmp_path / kind))[0]
+    results = spawn(four_rank_suite, 4, FOUR_RANKS, str(tmp_path))
+    for rank_result in results:
+        _check_equivalence(rank_result["equivalence"])
+    for kind in ("llama", "hf"):
+        r = results[0][kind]
         assert r["keys"], kind
         saved = r["tp=2 (saved run)"]
         for name in ("tp=4", "tp=1", "plain"):

@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
+import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.convert import convert
 from mx_nn.linear import MXLinear
