@@ -16,6 +16,9 @@ fraction MX_VS_NOISE of how far MX itself moves each gradient from high precisio
 (measured up to 2.1e-3).
 """
 
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -139,3 +142,20 @@ def test_four_ranks_dp_x_tp_tp4_and_checkpoints_across_degrees(tmp_path):
             for got, want in zip(r[name], saved, strict=True):
                 assert abs(got - want) <= 1e-6 * abs(want), (kind, name, r)
         assert r["tp=1"] == r["plain"], kind  # one rank: the plain model's arithmetic
+
+
+@needs_dist
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_readme_torchrun_example(tmp_path, ranks):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    (block,) = re.findall(r"```python torchrun\n(.*?)```", readme, flags=re.S)
+    script = tmp_path / "train_tp.py"
+    script.write_text(block)
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [*run, f"--nproc-per-node={ranks}", str(script)], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    losses = [float(x) for x in re.findall(r"step \d loss ([\d.]+)", proc.stdout)]
+    assert len(losses) == 3 and losses[-1] < losses[0], proc.stdout
