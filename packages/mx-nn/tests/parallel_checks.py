@@ -37,11 +37,13 @@ class CommCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.counts: dict[str, int] = {}
+        self.sent: list[tuple[str, torch.dtype, int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "_c10d_functional" and func.__name__.startswith(_COLLECTIVES):
             name = func.__name__.split(".")[0]
             self.counts[name] = self.counts.get(name, 0) + 1
+            self.sent.append((name, args[0].dtype, args[0].nbytes))
         return func(*args, **(kwargs or {}))
 
 
@@ -294,12 +296,35 @@ def checkpoints(rank: int, world: int, kind: str, path: str) -> dict:
     return out
 
 
+def mx_comms(rank: int, world: int) -> dict:
+    """A bf16 transformers Llama at tp=2 with mxfp8: the MX sequence-parallel gathers
+    against high-precision ones: logits, gradients, and the bytes each collective sends,
+    forward and backward."""
+    out = {}
+    tp = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    tokens = _tokens(0)
+    for mx in (False, True):
+        model = mx_nn.parallelize(hf_model().to(torch.bfloat16), tp, mx_comms=mx)
+        with CommCounter() as fwd:
+            loss = loss_of(model, tokens)
+        with CommCounter() as bwd:
+            loss.backward()
+        grads = {n: full(p.grad).float() for n, p in model.named_parameters()}
+        out[mx] = {"loss": loss.item(), "fwd": fwd.sent, "bwd": bwd.sent, "grads": grads}
+    out["logits exact"] = out[True]["loss"] == out[False]["loss"]
+    out["grads"] = {n: rel_err(g, out[False]["grads"][n]) for n, g in out[True]["grads"].items()}
+    for mx in (False, True):
+        del out[mx]["grads"]
+    return out
+
+
 def two_rank_suite(rank: int, world: int, cases: list[tuple]) -> dict:
     """equivalence, bad_inputs and fallbacks_and_options in one process group."""
     return {
         "equivalence": equivalence(rank, world, cases),
         "errors": bad_inputs(rank, world),
         "options": fallbacks_and_options(rank, world),
+        "mx_comms": mx_comms(rank, world),
     }
 
 

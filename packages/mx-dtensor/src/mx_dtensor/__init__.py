@@ -11,3 +11,7 @@ from mx_dtensor.sharding import MX_OPS, MXShardingError, local_sizes
 __version__ = "0.1.0"
 
 __all__ = ["MX_OPS", "MXShardingError", "local_sizes"]
+
+from mx_dtensor.styles import PrepareMXModuleInput, mx_all_gather  # noqa: E402
+
+__all__ += ["PrepareMXModuleInput", "mx_all_gather"]

@@ -41,6 +41,7 @@ def parallelize(
     recipe: str | MXRecipe | MXLinearConfig | None = "mxfp8",
     plan: dict[str, ParallelStyle] | None = None,
     sequence_parallel: bool = True,
+    mx_comms: bool = True,
     mx_lm_head: bool = False,
     compile: bool = False,
 ) -> nn.Module:
@@ -61,6 +62,10 @@ def parallelize(
         sequence_parallel: shard norms and the residual stream along the sequence
             (dim 1). Where it cannot apply (no embedding or final norm found) it is
             logged and plain tensor parallelism runs.
+        mx_comms: with sequence parallelism and a recipe, gather each attention and MLP
+            input as the linears' MX input cast (codes + scales, 0.52x bf16's bytes;
+            ``mx_dtensor.PrepareMXModuleInput``): the same forward values, dW from a
+            second cast of them. False gathers in high precision.
         mx_lm_head: convert the LM head too.
         compile: ``torch.compile`` each decoder block (in place, fqns unchanged).
 
@@ -102,7 +107,15 @@ def parallelize(
             parallelize_module(model, tp_mesh, explicit)
             logger.info("mx_nn.parallelize: explicit plan, %d modules, tp=%d", len(explicit), tp)
         else:
-            _apply_tp(model, model_map, tp_mesh, sp)
+            mx_gather = None
+            if mx_comms and config is not None:  # the cast the linears' inputs get
+                mx_gather = {
+                    "fmt": config.input_fmt,
+                    "block_size": config.block_size,
+                    "scale_mode": config.scale_mode_name,
+                    "backend": config.cast_backend,
+                }
+            _apply_tp(model, model_map, tp_mesh, sp, mx_gather)
     blocks = [model.get_submodule(b) for b in model_map.blocks] if model_map else []
     if compile:
         for block in blocks:
@@ -268,12 +281,15 @@ def _check_split(fqn: str, dim: str, size: int, tp: int, block: int | None) -> N
         )
 
 
-def _apply_tp(model: nn.Module, model_map: ModelMap, tp_mesh: DeviceMesh, sp: bool) -> None:
+def _apply_tp(
+    model: nn.Module, model_map: ModelMap, tp_mesh: DeviceMesh, sp: bool, mx_gather: dict | None
+) -> None:
     n, tp = model_map.naming, tp_mesh.size()
     full: dict[str, ParallelStyle] = {}
     for b in model_map.blocks:
         block = model.get_submodule(b)
-        full.update({f"{b}.{k}": v for k, v in block_plan(block, n, sequence_parallel=sp).items()})
+        styles = block_plan(block, n, sequence_parallel=sp, mx_gather=mx_gather)
+        full.update({f"{b}.{k}": v for k, v in styles.items()})
         attn = block.get_submodule(n.attention)
         for attr in _HEAD_ATTRS:
             if isinstance(getattr(attn, attr, None), int) and not isinstance(

@@ -38,6 +38,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from mx_dtensor.styles import PrepareMXModuleInput
+
 __all__ = ["ModelMap", "Naming", "NAMINGS", "block_plan", "find_model_map", "root_plan"]
 
 
@@ -177,20 +179,28 @@ def _required_positional(module: nn.Module) -> int:
     return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params)
 
 
-def _gather_input(block: nn.Module, path: str, kwarg: str | None) -> PrepareModuleInput:
-    """Shard(1) -> Replicate for a module's hidden-state input, once for all its linears."""
+def _gather_input(
+    block: nn.Module, path: str, kwarg: str | None, mx_gather: dict | None
+) -> PrepareModuleInput:
+    """Shard(1) -> Replicate for a module's hidden-state input, once for all its linears
+    (in MX when ``mx_gather`` holds the cast's fmt, block_size and scale_mode)."""
+    style, extra = (
+        (PrepareModuleInput, {}) if mx_gather is None else (PrepareMXModuleInput, mx_gather)
+    )
     if kwarg is not None:
-        return PrepareModuleInput(
-            input_kwarg_layouts={kwarg: Shard(1)}, desired_input_kwarg_layouts={kwarg: Replicate()}
+        return style(
+            input_kwarg_layouts={kwarg: Shard(1)},
+            desired_input_kwarg_layouts={kwarg: Replicate()},
+            **extra,
         )
     rest = (None,) * (max(_required_positional(block.get_submodule(path)), 1) - 1)
-    return PrepareModuleInput(
-        input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest)
+    return style(
+        input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest), **extra
     )
 
 
 def block_plan(
-    block: nn.Module, naming: Naming, *, sequence_parallel: bool
+    block: nn.Module, naming: Naming, *, sequence_parallel: bool, mx_gather: dict | None = None
 ) -> dict[str, ParallelStyle]:
     """The TP plan of one decoder block, keys relative to the block, in forward order.
 
@@ -206,7 +216,8 @@ def block_plan(
         w2               RowwiseParallel          -> Shard(1)
 
     Without it the norms run replicated and the rowwise outputs are all-reduced to
-    ``Replicate()``.
+    ``Replicate()``. With ``mx_gather`` (keyword arguments of ``PrepareMXModuleInput``)
+    the two gathers move MX codes and scales instead (``mx_dtensor.styles``).
     """
     n, a, m = naming, naming.attention, naming.mlp
     col, row = ColwiseParallel, RowwiseParallel
@@ -219,11 +230,11 @@ def block_plan(
         }
     return {
         n.attention_norm: SequenceParallel(),
-        a: _gather_input(block, a, n.attention_kwarg),
+        a: _gather_input(block, a, n.attention_kwarg, mx_gather),
         **{f"{a}.{p}": col() for p in n.qkv},
         f"{a}.{n.out}": row(output_layouts=Shard(1), use_local_output=False),
         n.mlp_norm: SequenceParallel(),
-        m: _gather_input(block, m, None),
+        m: _gather_input(block, m, None, mx_gather),
         **{f"{m}.{p}": col() for p in n.gate_up},
         f"{m}.{n.down}": row(output_layouts=Shard(1), use_local_output=False),
     }
