@@ -177,3 +177,10 @@ def test_readme_torchrun_example(tmp_path, ranks):
     assert proc.returncode == 0, proc.stderr[-4000:]
     losses = [float(x) for x in re.findall(r"step \d loss ([\d.]+)", proc.stdout)]
     assert len(losses) == 3 and losses[-1] < losses[0], proc.stdout
+
+
+def test_overhead_benchmark_imports_and_parses_arguments():
+    # It runs on a GPU only; this catches a broken import or argument parser here.
+    script = Path(__file__).parents[3] / "tools/bench/parallelize_overhead.py"
+    out = subprocess.run([sys.executable, str(script), "--help"], check=True, capture_output=True)
+    assert b"--quick" in out.stdout

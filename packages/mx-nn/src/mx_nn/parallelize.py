@@ -65,7 +65,7 @@ def parallelize(
         mx_comms: with sequence parallelism and a recipe, gather each attention and MLP
             input as the linears' MX input cast (codes + scales, 0.52x bf16's bytes;
             ``mx_dtensor.PrepareMXModuleInput``): the same forward values, dW from a
-            second cast of them. False gathers in high precision.
+            second cast of them. False gathers in high precision. No effect at tp=1.
         mx_lm_head: convert the LM head too.
         compile: ``torch.compile`` each decoder block (in place, fqns unchanged).
 
@@ -108,7 +108,8 @@ def parallelize(
             logger.info("mx_nn.parallelize: explicit plan, %d modules, tp=%d", len(explicit), tp)
         else:
             mx_gather = None
-            if mx_comms and config is not None:  # the cast the linears' inputs get
+            # The cast the linears' inputs get; at tp=1 nothing moves, so nothing to cast.
+            if mx_comms and config is not None and tp > 1:
                 mx_gather = {
                     "fmt": config.input_fmt,
                     "block_size": config.block_size,

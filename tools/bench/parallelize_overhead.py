@@ -1,0 +1,115 @@
+"""Overhead of mx_nn.parallelize at tp=1 against mx_nn.convert alone (run on a GPU).
+
+Two copies of the same bf16 mx_nn.Llama (Llama-3-8B layer shapes: dim 4096, 32 query /
+8 key-value heads, SwiGLU 14336; 2 layers, vocab 32768): one converted with
+``mx_nn.convert(model, recipe)`` (LM head kept in bf16, as parallelize keeps it), one
+with ``mx_nn.parallelize(model, mesh, recipe=...)`` on a one-rank mesh (DTensor
+parameters, sequence-parallel plan, no communication that moves data). Times forward +
+backward of tokens [batch, seq] (median ms of do_bench, the two models measured
+alternately, ROUNDS times) and prints the ratio.
+
+Target: parallelize / convert <= 1.02.
+
+Usage: python tools/bench/parallelize_overhead.py [--quick] [--recipe mxfp8]
+Writes the table to $OUT/parallelize_overhead.md too when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+from report import publish
+
+import mx_nn
+
+ROUNDS = 3
+
+
+def _model(config: mx_nn.LlamaConfig) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return mx_nn.Llama(config).to(device="cuda", dtype=torch.bfloat16)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1 layer, dim 1024, seq 1024")
+    p.add_argument("--recipe", default="mxfp8")
+    p.add_argument("--batch", type=int, default=1)
+    args = p.parse_args(argv)
+    import triton  # only where the benchmark runs: --help works without it
+
+    if args.quick:
+        config = mx_nn.LlamaConfig(
+            dim=1024,
+            n_layers=1,
+            n_heads=8,
+            n_kv_heads=2,
+            hidden_dim=3584,
+            vocab_size=32768,
+            max_seq_len=1024,
+        )
+    else:
+        config = mx_nn.LlamaConfig(
+            dim=4096,
+            n_layers=2,
+            n_heads=32,
+            n_kv_heads=8,
+            hidden_dim=14336,
+            vocab_size=32768,
+            max_seq_len=4096,
+        )
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cuda", (1,), mesh_dim_names=("tp",))
+        # parallelize keeps the LM head in bf16: so does the baseline.
+        keep_head = lambda _module, fqn: fqn != "output"  # noqa: E731
+        converted = mx_nn.convert(_model(config), args.recipe, filter_fn=keep_head)
+        parallel = mx_nn.parallelize(_model(config), mesh, recipe=args.recipe)
+        tokens = torch.randint(
+            0, config.vocab_size, (args.batch, config.max_seq_len), device="cuda"
+        )
+
+        def step_of(model):
+            params = list(model.parameters())
+
+            def step():
+                model(tokens).float().mean().backward()
+
+            return step, params
+
+        with torch.no_grad():
+            same = torch.equal(converted(tokens), parallel(tokens))
+        times = {"convert": [], "parallelize": []}
+        for _ in range(ROUNDS):
+            for name, model in (("convert", converted), ("parallelize", parallel)):
+                step, params = step_of(model)
+                times[name].append(
+                    triton.testing.do_bench(step, grad_to_none=params, return_mode="median")
+                )
+    finally:
+        dist.destroy_process_group()
+    t_conv = statistics.median(times["convert"])
+    t_par = statistics.median(times["parallelize"])
+    ratio = t_par / t_conv
+    shape = f"{config.n_layers} x dim {config.dim}, seq {config.max_seq_len}, batch {args.batch}"
+    lines = [
+        "| model | recipe | convert ms | parallelize tp=1 ms | ratio | target | logits equal |",
+        "|---|---|---|---|---|---|---|",
+        f"| {shape} | {args.recipe} | {t_conv:.3f} | {t_par:.3f} | {ratio:.3f} | <= 1.02 | "
+        f"{same} |",
+        "",
+        f"rounds: convert {[round(t, 3) for t in times['convert']]}, "
+        f"parallelize {[round(t, 3) for t in times['parallelize']]}",
+    ]
+    publish("\n".join(lines), "parallelize_overhead.md")
+    return 0 if ratio <= 1.02 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
