@@ -136,7 +136,7 @@ def _check_partial(op: str, arg: str, spec: DTensorSpec) -> None:
     for i, p in enumerate(spec.placements):
         if p.is_partial():
             raise MXShardingError(
-                f"{_where(op, arg, spec, i)} is {p}: a Partial input has no rule (the amax "
+                f"{_where(op, arg, spec, i)} is {p!r}: a Partial input has no rule (the amax "
                 "of a partial sum is not the amax of the sum); reduce it first "
                 "(redistribute to Replicate or Shard)"
             )
