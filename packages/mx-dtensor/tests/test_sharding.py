@@ -239,35 +239,62 @@ def _run_dequant_mismatch(mesh):
     return "no error"
 
 
+def _full_bits(dt) -> torch.Tensor:
+    return (dt.view(torch.uint8) if dt.element_size() == 1 else dt).full_tensor()
+
+
 def _run_strided(mesh):
     """Flattening a dim sharded behind another gives a _StridedShard (torch 2.13; an
-    older torch may redistribute instead, and then there is nothing to check): a cast
-    keeps it on a dim it does not block along, and refuses it on a blocked dim."""
+    older torch may refuse or redistribute instead, and then there is nothing to check).
+    The casts and scaled_mm keep it, also on a blocked dim whose contiguous runs hold
+    whole blocks, and refuse it where runs would split blocks. Checked on the gathered
+    results against the ops on the full tensors."""
     from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.placement_types import _StridedShard
 
     from mx_dtensor.testing import from_full
 
-    rows = from_full(torch.randn(2, 64, 128), mesh, [Shard(1)]).reshape(-1, 128)
-    cols = from_full(torch.randn(64, 2, 64), mesh, [Shard(2)]).reshape(64, 128)
+    n = mesh.size()
+    g = torch.Generator().manual_seed(1)
+    rows_full = torch.randn(2, 32 * n, 128, generator=g)  # 32 rows per rank and batch
+    cols_full = torch.randn(64, 2, 32 * n, generator=g)
+    rows = from_full(rows_full, mesh, [Shard(1)]).reshape(-1, 128)
+    cols = from_full(cols_full, mesh, [Shard(2)]).reshape(64, -1)
+    if not all(isinstance(t.placements[0], _StridedShard) for t in (rows, cols)):
+        return []
     checks = []
-    for op, x in (("quantize_rowwise", rows), ("fake_quantize_both", cols),
-                  ("quantize_colwise", cols)):  # fmt: skip
-        if not isinstance(x.placements[0], _StridedShard):
-            continue
-        if op == "fake_quantize_both":  # blocks along K too: refused
-            try:
-                _call(op, "fp8_e4m3", [x])
-                checks.append((op, False, "no error"))
-            except mx_dtensor.MXShardingError as e:
-                checks.append((op, "strided" in str(e), str(e)))
-            continue
-        outs, want = _call(op, "fp8_e4m3", [x]), _call(op, "fp8_e4m3", [x.to_local()])
-        same = all(
-            torch.equal(_bits(o.to_local()), _bits(w)) for o, w in zip(outs, want, strict=True)
-        )
+    for op, x, full in (
+        ("quantize_rowwise", rows, rows_full.reshape(-1, 128)),
+        ("quantize_colwise", rows, rows_full.reshape(-1, 128)),
+        ("fake_quantize_both", cols, cols_full.reshape(64, -1)),
+        ("quantize_both", cols, cols_full.reshape(64, -1)),
+    ):
+        with CommDebugMode() as comm:
+            outs = _call(op, "fp8_e4m3", [x])
+        want = _call(op, "fp8_e4m3", [full])
+        same = all(torch.equal(_full_bits(o), _bits(w)) for o, w in zip(outs, want, strict=True))
         kept = all(isinstance(o.placements[0], _StridedShard) for o in outs)
-        checks.append((op, same and kept, str([o.placements for o in outs])))
+        checks.append((op, same and kept and comm.get_total_counts() == 0, str(outs[0].placements)))
+    b_full = torch.randn(32, 2, 32 * n, generator=g)
+    b = from_full(b_full, mesh, [Shard(2)]).reshape(32, -1)  # K split as cols' K
+    with CommDebugMode() as comm:
+        y = mk.scaled_mm(
+            *mk.quantize_rowwise(cols), *mk.quantize_rowwise(b), out_dtype=torch.float32
+        )
+    full_a, full_b = cols_full.reshape(64, -1), b_full.reshape(32, -1)
+    want = mk.scaled_mm(*mk.quantize_rowwise(full_a), *mk.quantize_rowwise(full_b),
+                        out_dtype=torch.float32)  # fmt: skip
+    # Partial sums over K in another order: fp32 rounding, hence a tolerance.
+    close = torch.allclose(y.full_tensor(), want, rtol=1e-5, atol=1e-4)
+    checks.append(("scaled_mm strided K", close and y.placements[0].is_partial()
+                   and comm.get_total_counts() == 0, str(y.placements)))  # fmt: skip
+    bad = from_full(torch.randn(8, 2, 16 * n), mesh, [Shard(2)]).reshape(8, -1)
+    try:
+        mk.quantize_rowwise(bad, "fp8_e4m3")
+        checks.append(("strided runs of 16", False, "no error"))
+    except mx_dtensor.MXShardingError as e:
+        checks.append(("strided runs of 16", "runs of [16]" in str(e), str(e)))
     return checks
 
 
@@ -294,7 +321,7 @@ def test_unsupported_placements_raise_before_communicating(results):
         for label, words, (comms, is_value_error, msg) in res["errors"]:
             assert comms == 0, label
             assert is_value_error, f"{label}: {msg}"
-            for w in words + ["mesh dim 0 of size", f"{world}"]:
+            for w in words + ["mesh dim", f"{world}"]:
                 assert w in msg, f"{label}: {w!r} not in {msg!r}"
         for spec, (comms, msg) in res["scaled_mm_errors"]:
             assert comms == 0 and "mx::scaled_mm" in msg and "no rule" in msg, (spec, msg)
@@ -304,7 +331,7 @@ def test_unsupported_placements_raise_before_communicating(results):
 def test_strided_shards(results):
     _, per_rank = results
     for res in per_rank:
-        assert torch.__version__ < (2, 13) or len(res["strided"]) == 3
+        assert torch.__version__ < (2, 13) or len(res["strided"]) == 6
         for op, ok, detail in res["strided"]:
             assert ok, f"{op}: {detail}"
 

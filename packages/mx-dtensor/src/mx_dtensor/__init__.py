@@ -6,11 +6,11 @@ with no communication and no silent redistribution. The rule table is in
 :mod:`mx_dtensor.sharding`; a placement without a rule raises :class:`MXShardingError`.
 """
 
-from mx_dtensor.sharding import MX_OPS, MXShardingError, local_sizes
+from mx_dtensor.sharding import MX_OPS, MXShardingError, local_sizes, split_block_reason
 
 __version__ = "0.1.0"
 
-__all__ = ["MX_OPS", "MXShardingError", "local_sizes"]
+__all__ = ["MX_OPS", "MXShardingError", "local_sizes", "split_block_reason"]
 
 from mx_dtensor.styles import PrepareMXModuleInput, mx_all_gather  # noqa: E402
 

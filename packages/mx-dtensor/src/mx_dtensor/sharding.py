@@ -29,7 +29,10 @@ buffers; the public functions return their transposes, which DTensor's ``t()`` m
 
 - A Shard of a blocked dim (the last dim of a rowwise cast, M of a columnwise one, K of
   ``scaled_mm`` and ``dequantize_rowwise``) must give every rank whole blocks: each
-  local size a multiple of ``bs``. Other dims may be sharded unevenly, or strided.
+  local size a multiple of ``bs``; a ``_StridedShard`` of it (what DTensor makes of
+  ``[B, S, K] -> [B * S, K]`` with S sharded) must leave contiguous runs of whole
+  blocks (S per rank a multiple of ``bs``). Other dims may be sharded unevenly, or
+  strided.
 - A Partial input is refused: the amax of a partial sum is not the amax of the sum,
   and partial codes are not codes of the sum. Reduce it first.
 - Anything else raises :class:`MXShardingError` (a ValueError naming the op, the input,
@@ -54,7 +57,7 @@ from torch.distributed.tensor.placement_types import Placement, _StridedShard
 import mx_kernels  # noqa: F401  (defines the mx:: ops registered here)
 from mx_core import get_format
 
-__all__ = ["MX_OPS", "MXShardingError", "local_sizes"]
+__all__ = ["MX_OPS", "MXShardingError", "local_sizes", "split_block_reason"]
 
 MX_OPS: tuple[str, ...] = (
     "quantize_rowwise",
@@ -85,16 +88,18 @@ def local_sizes(
     size: int, placements: Sequence[Placement], mesh_shape: Sequence[int], dim: int
 ) -> list[int]:
     """The size along ``dim`` of every rank's local shard, in mesh-coordinate order, of
-    a tensor whose ``dim`` has global ``size`` under ``placements`` (``Shard`` splits
-    as ``torch.chunk``, mesh dims left to right, as DTensor does; other placements
-    leave the size alone)."""
+    a tensor whose ``dim`` has global ``size`` under ``placements``: a ``Shard`` splits
+    as ``torch.chunk``, mesh dims left to right, as DTensor does; a
+    ``_StridedShard(split_factor=f)`` chunks each of f equal parts (``size`` divisible by
+    f); other placements leave the size alone."""
     sizes = []
     for coord in itertools.product(*(range(n) for n in mesh_shape)):
         s = size
         for p, n, c in zip(placements, mesh_shape, coord, strict=True):
-            if type(p) is Shard and p.dim == dim:
-                chunk = -(-s // n)
-                s = max(0, min(chunk, s - c * chunk))
+            if _sharded_dim(p) == dim:
+                f = p.split_factor if isinstance(p, _StridedShard) else 1
+                chunk = -(-(s // f) // n)
+                s = f * max(0, min(chunk, s // f - c * chunk))
         sizes.append(s)
     return sizes
 
@@ -131,35 +136,72 @@ def _check_partial(op: str, arg: str, spec: DTensorSpec) -> None:
     for i, p in enumerate(spec.placements):
         if p.is_partial():
             raise MXShardingError(
-                f"{_where(op, arg, spec, i)} is {p}: a Partial input has no rule (the amax "
+                f"{_where(op, arg, spec, i)} is {p!r}: a Partial input has no rule (the amax "
                 "of a partial sum is not the amax of the sum); reduce it first "
                 "(redistribute to Replicate or Shard)"
             )
 
 
+def split_block_reason(
+    shape: Sequence[int],
+    placements: Sequence[Placement],
+    mesh_shape: Sequence[int],
+    dim: int,
+    block_size: int,
+    per: int = 1,
+) -> str | None:
+    """Why the local shards of ``dim`` would split blocks of ``block_size`` elements, or
+    None when every rank holds whole blocks (or ``dim`` is not sharded).
+
+    ``shape``: the global shape; ``per``: elements per index of ``dim`` (2 for packed
+    fp4 bytes). A ``Shard`` of ``dim`` (on any number of mesh dims) must leave local
+    sizes that are multiples of ``block_size``; a ``_StridedShard`` (what DTensor makes
+    of a flattened ``[B, S]`` with S sharded) must be the only one on ``dim`` and leave
+    contiguous runs that are multiples of ``block_size``.
+    """
+    mesh_dims = [i for i, p in enumerate(placements) if _sharded_dim(p) == dim]
+    if not mesh_dims:
+        return None
+    size = shape[dim]
+    strided = [i for i in mesh_dims if isinstance(placements[i], _StridedShard)]
+    if strided:
+        i, p = strided[0], placements[strided[0]]
+        sf = p.split_factor
+        if len(mesh_dims) > 1 or size % sf:
+            return (
+                f"dim {dim} (global size {size * per}) is {p} on mesh dim {i} among "
+                f"{tuple(placements)}: no rule for this strided shard of a blocked dim"
+            )
+        runs = sorted(
+            {r * per for r in local_sizes(size // sf, [Shard(dim)], [mesh_shape[i]], dim)}
+        )
+        if any(r % block_size for r in runs):
+            return (
+                f"dim {dim} (global size {size * per}) is {p} on mesh dim {i} of size "
+                f"{mesh_shape[i]}: local runs of {runs} elements, not all multiples of the "
+                f"block size {block_size}, so a shard would split a block"
+            )
+        return None
+    local = sorted({s * per for s in local_sizes(size, placements, mesh_shape, dim)})
+    if any(s % block_size for s in local):
+        return (
+            f"dim {dim} (global size {size * per}) sharded over mesh dims {mesh_dims} of "
+            f"sizes {[mesh_shape[i] for i in mesh_dims]} gives local sizes {local}, not all "
+            f"multiples of the block size {block_size}, so a shard would split a block. "
+            f"Shard it so that every rank holds whole blocks (a mesh size that divides its "
+            f"{size * per // block_size} blocks), or pad it"
+        )
+    return None
+
+
 def _check_whole_blocks(
     op: str, arg: str, spec: DTensorSpec, dim: int, block: int, per: int = 1
 ) -> None:
-    """Every local shard of ``dim`` holds whole blocks of ``block`` elements, where one
-    index of ``dim`` holds ``per`` elements (2 for packed fp4 bytes)."""
-    mesh_dims = [i for i, p in enumerate(spec.placements) if _sharded_dim(p) == dim]
-    if not mesh_dims:
-        return
-    for i in mesh_dims:
-        if isinstance(spec.placements[i], _StridedShard):
-            raise MXShardingError(
-                f"{_where(op, arg, spec, i)}: a strided shard of dim {dim}, the blocked dim, "
-                "has no rule (its blocks would interleave)"
-            )
-    size = spec.shape[dim]
-    sizes = local_sizes(size, spec.placements, spec.mesh.shape, dim)
-    local = sorted({s * per for s in sizes})
-    if any(s % block for s in local):
+    why = split_block_reason(spec.shape, spec.placements, spec.mesh.shape, dim, block, per)
+    if why is not None:
         raise MXShardingError(
-            f"{_where(op, arg, spec, mesh_dims[0])}: sharding dim {dim} (global size "
-            f"{size * per}) gives local sizes {local}, not all multiples of the block size "
-            f"{block}: a shard would split a block. Shard it so that every rank holds whole "
-            f"blocks (a mesh size that divides its {size * per // block} blocks), or pad it"
+            f"mx::{op}: {arg} (shape {tuple(spec.shape)}, placements "
+            f"{tuple(spec.placements)}, mesh shape {tuple(spec.mesh.shape)}): {why}"
         )
 
 
@@ -255,7 +297,7 @@ def _scaled_mm_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tupl
             out.append(p)
         elif da is None and db == 0:
             out.append(_moved(q, 1))
-        elif da == 1 and db == 1 and type(p) is Shard and type(q) is Shard:
+        elif da == 1 and db == 1 and p == q:  # the same split of K (strided alike)
             out.append(Partial("sum"))
         else:
             raise MXShardingError(
