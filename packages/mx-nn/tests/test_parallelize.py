@@ -138,7 +138,10 @@ def test_two_ranks_tp_sp_fsdp_bad_inputs_and_options():
     assert opts["no embedding: logits"] <= REL and opts["no embedding: norms replicated"]
     assert opts["explicit plan: logits"] <= REL and opts["explicit plan: only its modules"]
     assert opts["mx_lm_head converts the head"] and opts["head stays high precision"]
-    assert opts["compile: loss"] <= REL and opts["compile: grad wq"] <= REL
+    # compile=True with TP and mxfp8 against the same model eager: the same loss (measured
+    # bit-exact), gradients within REL (inductor may fuse the fp32 sums differently).
+    assert opts["compile: loss"] <= REL
+    assert max(opts["compile: grads"].values()) <= REL, opts["compile: grads"]
     assert opts["compile: blocks compiled"]
     log = opts["log"]
     assert sum("sequence parallelism not applied (no embedding found" in m for m in log) == 1
