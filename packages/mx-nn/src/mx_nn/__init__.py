@@ -1,8 +1,9 @@
 """mx-nn: ``MXLinear``, configs and recipes, and model conversion.
 
 ``convert(model, "mxfp8")`` swaps ``nn.Linear`` layers for :class:`MXLinear`, whose
-three GEMMs run in MX (the GEMM table is in :mod:`mx_nn.config`). ``parallelize`` and
-the ``mx-train`` command come with the parallelism issues.
+three GEMMs run in MX (the GEMM table is in :mod:`mx_nn.config`). :class:`Llama` is a
+compact decoder that :mod:`mx_nn.train` (the ``mx-train`` command) trains.
+``parallelize`` comes with the parallelism issues.
 """
 
 from mx_nn.config import MXLinearConfig, MXRecipe
