@@ -99,6 +99,12 @@ def _typed(kind: type, name: str, minimum: float | None = None, exclusive: bool 
 _POS_INT = _typed(int, "a positive integer", 1)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    # Flags whose default is None say in their help what None means.
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``mx-train`` argument parser."""
     d = TrainArgs()
@@ -106,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mx-train",
         description="Train a small Llama on bytes in an MX recipe beside bf16, then report "
         "losses, speed, memory and per-layer SQNR (figures and JSON in --out).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     p.add_argument("--recipe", choices=RECIPES, default=d.recipe, help="recipe to train")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
@@ -125,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp", type=_POS_INT, default=d.dp, help="data-parallel degree")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--data", metavar="PATH", default=None, help="UTF-8 text file to train on")
+    p.add_argument(
+        "--data",
+        metavar="PATH",
+        default=None,
+        help="UTF-8 text file to train on (default: the built-in Shakespeare corpus)",
+    )
     p.add_argument("--out", metavar="DIR", default=d.out, help="output folder")
     p.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
     p.add_argument("--seed", type=_typed(int, "a non-negative integer", 0), default=d.seed,

@@ -19,7 +19,7 @@ from mx_nn.train import checkpoint
 from mx_nn.train.args import BF16, TrainArgs, parse_args
 from mx_nn.train.data import ByteData, load_text
 from mx_nn.train.distributed import is_main, setup
-from mx_nn.train.loop import RunResult, TrainingInterrupted, _keep_logits_hp, train_run
+from mx_nn.train.loop import RunResult, TrainingInterrupted, mx_filter, train_run
 from mx_nn.train.report import layer_sqnr, table, write_figures
 from mx_nn.train.sample import greedy
 
@@ -87,7 +87,7 @@ def _local_copy(model: torch.nn.Module, args: TrainArgs, recipe: str, device) ->
         return reference, None
     mx = Llama(args.model_config).to(device)
     mx.load_state_dict(sd)
-    return reference, mx_nn.convert(mx, recipe, filter_fn=_keep_logits_hp)
+    return reference, mx_nn.convert(mx, recipe, filter_fn=mx_filter)
 
 
 def run(args: TrainArgs) -> int:

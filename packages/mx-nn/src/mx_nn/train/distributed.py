@@ -36,7 +36,7 @@ def setup(args: TrainArgs) -> tuple[DeviceMesh | None, torch.device]:
     if env_world != world:
         raise RuntimeError(
             f"--tp {args.tp} x --dp {args.dp} needs {world} processes, WORLD_SIZE is "
-            f"{env_world}: run under torchrun --nproc-per-node {world} $(which mx-train) ..."
+            f"{env_world}: run under torchrun --nproc-per-node {world} -m mx_nn.train ..."
         )
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

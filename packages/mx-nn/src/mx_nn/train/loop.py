@@ -27,7 +27,7 @@ from mx_nn.train.data import ByteData
 from mx_nn.train.distributed import apply_parallel, dp_rank_and_size, is_main, mean_over_dp
 from mx_nn.train.progress import Progress
 
-__all__ = ["RunResult", "TrainingInterrupted", "build_model", "train_run"]
+__all__ = ["RunResult", "TrainingInterrupted", "build_model", "mx_filter", "train_run"]
 
 logger = logging.getLogger("mx_nn.train")
 EVALS = 10
@@ -82,9 +82,10 @@ class RunResult:
         return asdict(self)
 
 
-def _keep_logits_hp(module: nn.Module, fqn: str) -> bool:
-    # The vocabulary projection stays bf16, as MX training recipes commonly keep it:
-    # the loss reads its outputs directly.
+def mx_filter(module: nn.Module, fqn: str) -> bool:
+    """``convert``'s filter for the MX runs: every linear but the vocabulary projection
+    ``output``, which stays bf16 as MX training recipes commonly keep it (the loss reads
+    its outputs directly)."""
     return fqn != "output"
 
 
@@ -98,7 +99,7 @@ def build_model(args: TrainArgs, recipe: str, device: torch.device,
     if mesh is not None:
         return apply_parallel(model, mesh, recipe)
     if recipe != BF16:
-        mx_nn.convert(model, recipe, filter_fn=_keep_logits_hp)
+        mx_nn.convert(model, recipe, filter_fn=mx_filter)
     return model
 
 
