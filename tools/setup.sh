@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Set up the development environment: .venv with every package (editable), test extras
-# and ruff. CPU machines get the pinned CPU torch through constraints/cpu.txt, never a
-# CUDA build. Usage: bash tools/setup.sh [VENV_DIR]
+# Set up the development environment: .venv with every package (editable), test extras,
+# mx-nn's train extra (the mx-train command) and ruff. CPU machines get the pinned CPU
+# torch through constraints/cpu.txt, never a CUDA build. Usage: bash tools/setup.sh [VENV_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-$root/.venv}
@@ -13,6 +13,6 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$
   -e "$root/packages/mx-core[test]" \
   -e "$root/packages/mx-kernels[test]" \
   -e "$root/packages/mx-dtensor[test]" \
-  -e "$root/packages/mx-nn[test]" \
+  -e "$root/packages/mx-nn[test,train]" \
   "ruff>=0.6"
 echo "environment ready: $venv"

@@ -1,7 +1,8 @@
 """mx-nn: ``MXLinear``, configs and recipes, and model conversion.
 
 ``convert(model, "mxfp8")`` swaps ``nn.Linear`` layers for :class:`MXLinear`, whose
-three GEMMs run in MX (the GEMM table is in :mod:`mx_nn.config`).
+three GEMMs run in MX (the GEMM table is in :mod:`mx_nn.config`). :class:`Llama` is a
+compact decoder that :mod:`mx_nn.train` (the ``mx-train`` command) trains.
 ``parallelize(model, mesh)`` converts a Llama-style model and applies tensor, sequence
 and FSDP2 parallelism (:mod:`mx_nn.parallelize`, plan in :mod:`mx_nn.tp_plan`).
 """

@@ -1,0 +1,158 @@
+"""``mx-train``: parse the flags, train each run, print the report and a sample."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+import mx_nn
+from mx_nn.llama import Llama
+from mx_nn.train import checkpoint
+from mx_nn.train.args import BF16, TrainArgs, parse_args
+from mx_nn.train.data import ByteData, load_text
+from mx_nn.train.distributed import is_main, setup
+from mx_nn.train.loop import RunResult, TrainingInterrupted, mx_filter, train_run
+from mx_nn.train.report import layer_sqnr, table, write_figures
+from mx_nn.train.sample import greedy
+
+__all__ = ["UsageError", "main", "run"]
+
+
+class UsageError(Exception):
+    """A flag's value cannot work here (the message names the flag); exit status 2."""
+
+
+logger = logging.getLogger("mx_nn.train")
+SAMPLE_BYTES = 160
+"""Bytes the greedy sample continues its prompt by."""
+
+
+_LOGGERS = ("mx_core", "mx_kernels", "mx_dtensor", "mx_nn")
+
+
+@contextlib.contextmanager
+def _log_to(out: Path):
+    # Which kernels and paths ran (INFO on the mx_* loggers) goes to the run's log file.
+    handler = logging.FileHandler(out / "train.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.setLevel(logging.INFO)
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.INFO)
+        lg.addHandler(handler)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+        handler.close()
+
+
+def _say(*lines: str) -> None:
+    if is_main():
+        print(*lines, sep="\n", flush=True)
+
+
+def _check_resume(args: TrainArgs, saved: dict) -> None:
+    now = args.to_dict()
+    differ = [k for k in now if k not in ("resume", "device") and now[k] != saved.get(k)]
+    if differ:
+        flags = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)!r} (now {now[k]!r})"
+                          for k in differ)  # fmt: skip
+        raise UsageError(
+            f"argument --resume: the checkpoint was made with {flags}; resume with the same flags"
+        )
+
+
+def _local_copy(model: torch.nn.Module, args: TrainArgs, recipe: str, device) -> tuple:
+    """A one-process bf16 model and (for an MX recipe) an MX model holding ``model``'s
+    weights, gathered in full when it is sharded."""
+    if dist.is_initialized():
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    else:
+        sd = model.state_dict()
+    reference = Llama(args.model_config).to(device)
+    reference.load_state_dict(sd)
+    if recipe == BF16:
+        return reference, None
+    mx = Llama(args.model_config).to(device)
+    mx.load_state_dict(sd)
+    return reference, mx_nn.convert(mx, recipe, filter_fn=mx_filter)
+
+
+def run(args: TrainArgs) -> int:
+    """Run ``args``; returns the exit status (130 when interrupted)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with _log_to(out):
+        return _run(args, out)
+
+
+def _run(args: TrainArgs, out: Path) -> int:
+    try:
+        mesh, device = setup(args)
+        text, source = load_text(args.data)
+        data = ByteData(text, seq=args.seq)
+    except (RuntimeError, ValueError) as e:  # each names the flag at fault
+        raise UsageError(str(e)) from e
+    ckpt = out / "checkpoint"
+    saved = checkpoint.load_loop(ckpt) if args.resume else None
+    if saved is not None:
+        _check_resume(args, saved["args"])
+    results = [RunResult(**d) for d in saved["done"]] if saved else []
+    cfg = args.model_config
+    _say(f"mx-train: {' then '.join(args.runs)}; {cfg.n_layers} layers, dim {cfg.dim}, "
+         f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), ffn {cfg.hidden_dim}; "
+         f"{args.steps} steps x {args.batch} x {args.seq} bytes on {device}; "
+         f"data: {source} ({len(data.train):,} train / {len(data.heldout):,} held-out "
+         f"bytes); out: {out}")  # fmt: skip
+    t0 = time.perf_counter()
+    for i in range(len(results), len(args.runs)):
+        resume = saved if saved is not None and saved["run_index"] == i else None
+        try:
+            result, model = train_run(args, i, data, device, mesh=mesh, ckpt=ckpt,
+                                      done=results, resume=resume)  # fmt: skip
+        except TrainingInterrupted as e:
+            _say(f"mx-train: interrupted: {e}. Continue with the same flags and --resume.")
+            return 130
+        results.append(result)
+    seconds = time.perf_counter() - t0
+    reference, mx = _local_copy(model, args, args.runs[-1], device)
+    if not is_main():
+        return 0
+    sqnr = None
+    if mx is not None:
+        sqnr = layer_sqnr(reference, mx, data.heldout_batches(args.batch)[0][0].to(device))
+    _say("", table(results, sqnr))
+    paths = write_figures(out, results, sqnr, {"args": args.to_dict(),
+                                               "train_seconds": seconds})  # fmt: skip
+    _say("figures and JSON: " + ", ".join(str(p) for p in paths))
+    prompt = bytes(data.heldout[: min(48, len(data.heldout) // 2)].tolist())
+    text = greedy(mx if mx is not None else reference, prompt, SAMPLE_BYTES,
+                  max_seq_len=args.seq).decode("utf-8", errors="replace")  # fmt: skip
+    _say(f"greedy sample ({args.runs[-1]}; the first {len(prompt)} bytes are the prompt):",
+         "-" * 60, text, "-" * 60)  # fmt: skip
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point of ``mx-train`` (``mx-train --help`` lists the flags)."""
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:
+        print(f"mx-train: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,258 @@
+"""One training run: build the model in a recipe, train it with AdamW under bf16
+autocast, evaluate the held-out loss, and checkpoint on Ctrl-C, SIGTERM or a crash."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import resource
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+import mx_nn
+from mx_nn.llama import Llama
+from mx_nn.train import checkpoint
+from mx_nn.train.args import BF16, TrainArgs
+from mx_nn.train.data import ByteData
+from mx_nn.train.distributed import apply_parallel, dp_rank_and_size, is_main, mean_over_dp
+from mx_nn.train.progress import Progress
+
+__all__ = ["RunResult", "TrainingInterrupted", "build_model", "mx_filter", "train_run"]
+
+logger = logging.getLogger("mx_nn.train")
+EVALS = 10
+"""Held-out evaluations per run (and the last step)."""
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped a run at a step boundary; a checkpoint was written."""
+
+    def __init__(self, recipe: str, step: int, path: Path) -> None:
+        super().__init__(f"{recipe} stopped after step {step}; checkpoint in {path}")
+        self.recipe, self.step, self.path = recipe, step, path
+
+
+@dataclass
+class RunResult:
+    """Curves and figures of one run. Losses in nats per token."""
+
+    recipe: str
+    steps: list[int] = field(default_factory=list)
+    """Steps at which the held-out loss was measured."""
+    train_loss: list[float] = field(default_factory=list)
+    """Mean training loss over the steps since the previous evaluation."""
+    heldout_loss: list[float] = field(default_factory=list)
+    """Held-out loss after that step."""
+    tokens: int = 0
+    """Training tokens timed (the first step of each process excluded: warm-up)."""
+    seconds: float = 0.0
+    """Wall time of those steps."""
+    peak_memory_mib: float = 0.0
+    """Peak CUDA memory allocated, or on CPU the process's peak RSS so far (MiB)."""
+    memory_kind: str = ""
+    """``"cuda allocated"`` or ``"cpu process RSS"``."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Training throughput of all ranks together."""
+        return self.tokens / self.seconds if self.seconds else math.nan
+
+    @property
+    def final_train_loss(self) -> float:
+        """The last entry of :attr:`train_loss`."""
+        return self.train_loss[-1] if self.train_loss else math.nan
+
+    @property
+    def final_heldout_loss(self) -> float:
+        """The last entry of :attr:`heldout_loss`."""
+        return self.heldout_loss[-1] if self.heldout_loss else math.nan
+
+    def to_dict(self) -> dict:
+        """Fields as plain Python values."""
+        return asdict(self)
+
+
+def mx_filter(module: nn.Module, fqn: str) -> bool:
+    """``convert``'s filter for the MX runs: every linear but the vocabulary projection
+    ``output``, which stays bf16 as MX training recipes commonly keep it (the loss reads
+    its outputs directly)."""
+    return fqn != "output"
+
+
+def build_model(args: TrainArgs, recipe: str, device: torch.device,
+                mesh: DeviceMesh | None = None) -> nn.Module:  # fmt: skip
+    """The seeded Llama of ``args`` (initialised on CPU, so every device and every run
+    starts from the same weights), on ``device``, in ``recipe``: converted to MXLinear
+    (all linears but ``output``) on one process, ``mx_nn.parallelize``-d on a mesh."""
+    torch.manual_seed(args.seed)
+    model = Llama(args.model_config).to(device)
+    if mesh is not None:
+        return apply_parallel(model, mesh, recipe)
+    if recipe != BF16:
+        mx_nn.convert(model, recipe, filter_fn=mx_filter)
+    return model
+
+
+def learning_rate(args: TrainArgs, step: int) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay to lr / 10."""
+    warmup = max(1, args.steps // 20)
+    if step <= warmup:
+        return args.lr * step / warmup
+    progress = (step - warmup) / max(1, args.steps - warmup)
+    return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def loss_of(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy in nats per token, logits under bf16 autocast, loss in fp32."""
+    with torch.autocast(inputs.device.type, torch.bfloat16):
+        logits = model(inputs)
+    return F.cross_entropy(_full(logits).float().flatten(0, 1), targets.flatten())
+
+
+def _train_step(model, optimizer, inputs, targets) -> float:
+    loss = loss_of(model, inputs, targets)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches, device: torch.device) -> float:
+    """Held-out loss (nats per token) over ``batches`` of (inputs, targets)."""
+    total, count = 0.0, 0
+    for inputs, targets in batches:
+        total += loss_of(model, inputs.to(device), targets.to(device)).item() * targets.numel()
+        count += targets.numel()
+    return total / count
+
+
+def _peak_memory(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu process RSS"
+
+
+class _StopFlag:
+    """First SIGINT/SIGTERM asks the loop to stop at the next step boundary (so the
+    checkpoint holds a whole step); a second SIGINT interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def _handler(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    @contextlib.contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.device, *,
+              mesh: DeviceMesh | None, ckpt: Path, done: list[RunResult],
+              resume: dict | None = None) -> tuple[RunResult, nn.Module]:  # fmt: skip
+    """Train run ``run_index`` of ``args.runs`` (from ``resume``, a checkpoint's loop
+    state of this run, when given) and return its result and its (unwrapped) model.
+
+    Writes a checkpoint to ``ckpt`` when the run finishes, and when Ctrl-C/SIGTERM or an
+    exception stops it (then raises :class:`TrainingInterrupted`, or re-raises).
+    """
+    recipe = args.runs[run_index]
+    model = build_model(args, recipe, device, mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.01)  # fmt: skip
+    result, step, interval = RunResult(recipe=recipe), 0, []
+    if resume is not None:
+        resume = checkpoint.load(ckpt, model, optimizer)
+        checkpoint.set_rng_state(resume["rng"])
+        result, step, interval = RunResult(**resume["result"]), resume["step"], resume["interval"]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    forward = torch.compile(model) if args.compile else model
+    heldout = data.heldout_batches(args.batch)
+    dp_rank, dp_size = dp_rank_and_size(mesh)
+    local = args.batch // dp_size
+    eval_every = max(1, args.steps // EVALS)
+
+    def save() -> None:
+        peak, kind = _peak_memory(device)
+        result.peak_memory_mib, result.memory_kind = max(result.peak_memory_mib, peak), kind
+        checkpoint.save(ckpt, model, optimizer, {
+            "args": args.to_dict(), "run_index": run_index, "step": step,
+            "done": [r.to_dict() for r in done], "result": result.to_dict(),
+            "interval": list(interval), "rng": checkpoint.rng_state(),
+        })  # fmt: skip
+
+    def maybe_evaluate() -> float | None:
+        if (step % eval_every and step != args.steps) or step in result.steps:
+            return None
+        held = mean_over_dp(evaluate(forward, heldout, device), mesh)
+        train = mean_over_dp(sum(interval) / len(interval), mesh) if interval else math.nan
+        result.steps.append(step)
+        result.train_loss.append(train)
+        result.heldout_loss.append(held)
+        interval.clear()
+        return held
+
+    progress = Progress(recipe, args.steps, start=step, enabled=is_main())
+    stop = _StopFlag()
+    first = True
+    try:
+        with stop.installed():
+            if step:
+                maybe_evaluate()  # a crash may have come between a step and its evaluation
+            while step < args.steps:
+                if stop.requested:
+                    save()
+                    raise TrainingInterrupted(recipe, step, ckpt)
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate(args, step + 1)
+                inputs, targets = data.train_batch(step + 1, args.batch, args.seed)
+                rows = slice(dp_rank * local, (dp_rank + 1) * local)
+                inputs, targets = inputs[rows].to(device), targets[rows].to(device)
+                t0 = time.perf_counter()
+                loss = _train_step(forward, optimizer, inputs, targets)
+                seconds = time.perf_counter() - t0
+                step += 1
+                interval.append(loss)
+                if not first or args.steps == 1:
+                    result.tokens += args.batch * args.seq
+                    result.seconds += seconds
+                first = False
+                held = maybe_evaluate()
+                progress.update(step, loss, args.batch * args.seq / seconds, held)
+    except (TrainingInterrupted, KeyboardInterrupt):
+        raise
+    except Exception:
+        logger.exception("mx-train: %s crashed after step %d; saving a checkpoint", recipe, step)
+        save()
+        raise
+    finally:
+        progress.close()
+    save()
+    return result, model
