@@ -313,6 +313,13 @@ def mx_comms(rank: int, world: int) -> dict:
         grads = {n: full(p.grad).float() for n, p in model.named_parameters()}
         out[mx] = {"loss": loss.item(), "fwd": fwd.sent, "bwd": bwd.sent, "grads": grads}
     out["logits exact"] = out[True]["loss"] == out[False]["loss"]
+    # An fp32 model under bf16 autocast: the gather casts what the linears would cast.
+    autocast = []
+    for mx in (False, True):
+        model = mx_nn.parallelize(project_model(), tp, mx_comms=mx)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            autocast.append(logits_of(model, tokens))
+    out["autocast logits exact"] = torch.equal(autocast[0], autocast[1])
     out["grads"] = {n: rel_err(g, out[False]["grads"][n]) for n, g in out[True]["grads"].items()}
     for mx in (False, True):
         del out[mx]["grads"]

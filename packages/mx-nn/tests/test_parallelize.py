@@ -122,6 +122,7 @@ def test_two_ranks_tp_sp_fsdp_bad_inputs_and_options():
 
     comms = results[0]["mx_comms"]
     assert comms["logits exact"]  # the linears re-cast the decoded gather to its own values
+    assert comms["autocast logits exact"]
     worst = max(comms["grads"], key=comms["grads"].get)
     assert comms["grads"][worst] <= REL, (worst, comms["grads"][worst])
 

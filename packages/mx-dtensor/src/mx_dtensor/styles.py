@@ -142,6 +142,12 @@ class PrepareMXModuleInput(PrepareModuleInput):
         if not mx:
             return super()._prepare_input_arg(input, mesh, input_layout, desired_layout)
         local = input.to_local() if isinstance(input, DTensor) else input
+        device_type = local.device.type
+        if torch.is_autocast_enabled(device_type):
+            # The consuming linears cast their input to the autocast dtype before their
+            # MX cast (as F.linear would): cast the same values here, or the gather's
+            # cast of the higher-precision values would differ from theirs.
+            local = local.to(torch.get_autocast_dtype(device_type))
         out = mx_all_gather(
             local, mesh, input_layout.dim, fmt=self.fmt, block_size=self.block_size,
             scale_mode=self.scale_mode, backend=self.backend,
