@@ -9,7 +9,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dist=$(cd "${1:?usage: check_wheels.sh DIST}" && pwd)
 python=${PYTHON:-python3}
-venvs=${WHEEL_VENVS:-$(mktemp -d)}
+if [[ -n ${WHEEL_VENVS:-} ]]; then
+  venvs=$WHEEL_VENVS
+else
+  venvs=$(mktemp -d)
+  trap 'rm -rf "$venvs"' EXIT
+fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 shopt -s nullglob
 wheels=("$dist"/*.whl)
