@@ -11,9 +11,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 HEADING = re.compile(r"^#+ (\d{4}-\d{2}-\d{2}) (.+?)\s*$", re.M)
 # "BENCHMARKS.md, 2026-12-03 'Casts: word stores'", possibly wrapped over comment lines.
 CITATION = re.compile(r"BENCHMARKS\.md, (\d{4}-\d{2}-\d{2}) '([^']+)'")
-LAB_NOTEBOOK = re.compile(
-    r"\bsessions? \d|\(session|session-\d|\bissues? \d+\b|\(issue \d|\bruns? \d", re.I
-)
+# This tracker's issues have small numbers; an upstream one ("pytorch issue 141234") may
+# be cited. "run 3" only means something in a lab notebook's order.
+LAB_NOTEBOOK = re.compile(r"\bsessions? \d|\(session|session-\d|\bissues? \d{1,2}\b|\brun \d", re.I)
 
 
 def _tracked_text_files() -> list[pathlib.Path]:
