@@ -97,10 +97,12 @@ class CastTile(NamedTuple):
 # to match Triton's layout), so that its transposed codes go out in whole 128-byte
 # lines, with registers capped to fit five programs per SM; each thread packs four
 # rows' codes into a word, so the transpose moves words through shared memory, not
-# bytes (session 6: the byte transpose took about a quarter of the kernel's time).
+# bytes (the byte transpose took about a quarter of the kernel's time: BENCHMARKS.md,
+# 2026-12-03 'Casts: CUDA-graph timing').
 # Launch order: programs that follow each other write neighbouring bytes of the largest
 # output when row-major outputs go K first and the transposed ones M first; "both"
-# measured faster K first (0.89-0.90 of copy against 0.85-0.87 M first, session 6).
+# measured faster K first (0.89-0.90 of copy against 0.85-0.87 M first: BENCHMARKS.md,
+# 2026-12-03 'Casts: word stores').
 TILE_CONFIGS: dict[str, CastTile] = {
     "rowwise": CastTile(8, 1024, 4, k_first=True),
     "colwise": CastTile(32, 128, 1),
@@ -136,7 +138,7 @@ def _launch_config(
 ) -> tuple[CastTile, KernelLauncher]:
     """The tile and the launcher (kernel constants bound) of one cast configuration:
     built once, since a cast's host time is measured against a kernel of a few to tens
-    of microseconds (BENCHMARKS.md, 2026-12-03 "Host cost per op"). ``interpreter``
+    of microseconds (BENCHMARKS.md, 2026-12-03 'Host cost per op'). ``interpreter``
     keys the cache on TRITON_INTERPRET, which changes the default tile."""
     from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_cast_kernel
 
@@ -321,8 +323,9 @@ def _quantize_both_impl(x, fmt: str, block_size: int, scale_mode: str, backend: 
     if f.is_packed and x.stride(1) != 1:
         # On the H200 (triton 3.6) the fused cast wrote wrong columnwise scales and codes
         # for fp4 from an fp32 x strided along K (x.t() of a contiguous tensor), while
-        # from a contiguous x it was exact (BENCHMARKS.md, 2026-12-03 "Casts"; reproducer:
-        # tools/bench/repro_both_fp4.py). Until that is understood, it reads a copy.
+        # from a contiguous x it was exact (BENCHMARKS.md, 2026-12-03 'Casts: word
+        # stores'; reproducer: tools/bench/repro_both_fp4.py). Until that is understood,
+        # it reads a copy.
         log_choice("quantize_both", "triton", x.device.type, "fp4, x strided along K: copy")
         x = x.contiguous()
     q_row, s_row_buf, q_col, s_col = _empty_both(x.shape, f, block_size, x.device)

@@ -2,7 +2,7 @@
 
 ``kernel[grid](*args, **constexprs)`` binds and specializes every argument on every
 call: 27 us per cast on the H200 host, against 6 us for launching the same compiled
-kernel directly (BENCHMARKS.md, 2026-12-03 "Host cost per op"). :class:`KernelLauncher`
+kernel directly (BENCHMARKS.md, 2026-12-03 'Host cost per op'). :class:`KernelLauncher`
 keeps the compiled kernels of one (kernel, constexprs) configuration, keyed by each
 tensor argument's dtype and 16-byte alignment and each int argument's value (a superset
 of what Triton specializes on, so a cached kernel is never reused for arguments it was

@@ -4,8 +4,8 @@
 Not ``torch.library.custom_op``: its Python layers around the kernel (an autograd
 wrapper, and checks that no output aliases an input or another output) took about 60 of
 the 85 us that ``mx::quantize_rowwise`` cost per call on the H200 host, where an op
-defined through ``Library`` dispatches in 3 us (BENCHMARKS.md, 2026-12-03 "Host cost per
-op"). The ops are the same to everything that uses them: one schema each, a fake
+defined through ``Library`` dispatches in 3 us (BENCHMARKS.md, 2026-12-03 'Host cost per
+op'). The ops are the same to everything that uses them: one schema each, a fake
 (meta) implementation for FakeTensor and torch.compile, ``opcheck`` in the tests, and
 DTensor sharding rules registered against the ``OpOverload`` (mx-dtensor). None of the
 ops is differentiable (casts, a dequantize and a GEMM used inside autograd.Functions),

@@ -2,7 +2,7 @@
 
 ``convert(model, "mxfp8")`` swaps ``nn.Linear`` layers for :class:`MXLinear`, whose
 three GEMMs run in MX (the GEMM table is in :mod:`mx_nn.config`). ``parallelize`` and
-the ``mx-train`` command come with the parallelism issues.
+the ``mx-train`` command are not here yet.
 """
 
 from mx_nn.config import MXLinearConfig, MXRecipe
