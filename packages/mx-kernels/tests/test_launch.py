@@ -92,3 +92,16 @@ def test_launcher_needs_constexprs_last_and_counts_arguments():
     assert launcher.n_runtime == 12 and launcher.tensors == 5
     with pytest.raises(TypeError, match="12 runtime arguments, got 1"):
         launcher((1,), torch.empty(1))
+
+
+def test_launch_hooks_send_launches_through_triton():
+    from triton import knobs
+
+    from mx_kernels.launch import _hooked
+
+    assert not _hooked(None)
+    assert not _hooked(knobs.runtime.launch_enter_hook)  # nothing set: the cached path
+    assert _hooked(lambda metadata: None)
+    chain = type(knobs.runtime.launch_enter_hook)()
+    chain.add(lambda metadata: None)
+    assert _hooked(chain)

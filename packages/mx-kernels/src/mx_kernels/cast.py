@@ -49,10 +49,22 @@ def _choose(
     """The implementation an op body runs, after the checks of the tensor's shape: the
     op bodies always see real tensors (local shards under DTensor, run-time tensors
     under torch.compile), so these checks live here, not in the public functions."""
-    if dims != (-1,) and x.dim() != 2:
-        raise ValueError(f"{op}: x must be 2-D [M, K], got shape {tuple(x.shape)}")
-    for dim in dims:
-        mx_core.check_quantize_args(x, block_size, dim, fn=op)
+    shape = x.shape
+    # The common case in a few comparisons (this is every cast's hot path); anything
+    # else gets the full checks, which raise with the argument named.
+    rank_ok = len(shape) >= 1 if dims == (-1,) else len(shape) == 2
+    fine = (
+        rank_ok
+        and x.dtype in mx_core.INPUT_DTYPES
+        and block_size > 0
+        and not block_size % 2
+        and all(shape[d] % block_size == 0 for d in dims)
+    )
+    if not fine:
+        if dims != (-1,) and x.dim() != 2:
+            raise ValueError(f"{op}: x must be 2-D [M, K], got shape {tuple(x.shape)}")
+        for dim in dims:
+            mx_core.check_quantize_args(x, block_size, dim, fn=op)
     gap = None
     if block_size not in TRITON_BLOCK_SIZES:
         gap = f"block_size={block_size} has no Triton cast (Triton: {TRITON_BLOCK_SIZES})"
@@ -268,7 +280,7 @@ def _empty_cast_t(
     ops' outputs stay contiguous, since with a transposed output Inductor's generated
     code asserted contiguous strides once shapes turned dynamic (torch 2.13)."""
     m, k = x_shape
-    qdata_t, _ = _empty_cast((k, m), fmt, block_size, device)
+    qdata_t = torch.empty(k, m // 2 if fmt.is_packed else m, dtype=fmt.storage_dtype, device=device)
     scale_buf = torch.empty(m // block_size, k, dtype=torch.float8_e8m0fnu, device=device)
     return qdata_t, scale_buf
 

@@ -57,7 +57,7 @@ class KernelLauncher:
     def __call__(self, grid: tuple[int, ...], *args) -> None:
         if len(args) != self.n_runtime:
             raise TypeError(f"KernelLauncher: {self.n_runtime} runtime arguments, got {len(args)}")
-        hooked = self._runtime.launch_enter_hook is not None
+        hooked = _hooked(self._runtime.launch_enter_hook) or _hooked(self._runtime.launch_exit_hook)
         if hooked or not isinstance(args[0], torch.Tensor) or args[0].device.type != "cuda":
             self.kernel[grid](*args, **self.constexprs)
             return
@@ -87,6 +87,12 @@ class KernelLauncher:
         jit = self.kernel.warmup(*args, grid=grid, **self.constexprs)
         if jit is not compiled and jit.asm != compiled.asm:
             raise RuntimeError(f"KernelLauncher: cached kernel differs from Triton's for {args}")
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is set: None or, in newer Triton, an empty chain
+    (``knobs.HookChain``) when not."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 _CHECK = os.environ.get("MX_KERNELS_CHECK_LAUNCH", "0") not in ("", "0")
