@@ -126,8 +126,8 @@ TILE_CONFIGS: dict[str, CastTile] = {
 _INTERPRETER_TILE = CastTile(32, 64, 4)  # small: the interpreter's cost grows with tile size
 
 
-def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> CastTile:
-    t = CastTile(*(tile or (_INTERPRETER_TILE if interpreter_enabled() else TILE_CONFIGS[kind])))
+def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None, interpreter: bool) -> CastTile:
+    t = CastTile(*(tile or (_INTERPRETER_TILE if interpreter else TILE_CONFIGS[kind])))
     block_m = max(t.block_m, 1 if kind.endswith("rowwise") else block_size)
     t = t._replace(block_m=block_m, block_k=max(t.block_k, block_size))
     if t.lanes_m and (block_size % t.lanes_m or t.block_m != t.warps * block_size):
@@ -151,11 +151,12 @@ def _launch_config(
     """The tile and the launcher (kernel constants bound) of one cast configuration:
     built once, since a cast's host time is measured against a kernel of a few to tens
     of microseconds (BENCHMARKS.md, 2026-12-03 'Host cost per op'). ``interpreter``
-    keys the cache on TRITON_INTERPRET, which changes the default tile."""
+    (TRITON_INTERPRET on a CPU tensor) keys the cache, since it changes the default
+    tile."""
     from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_cast_kernel
 
     fmt = get_format(fmt_name)
-    t = _tile(kind, block_size, tile)
+    t = _tile(kind, block_size, tile, interpreter)
     constants = dict(
         BLOCK_M=t.block_m,
         BLOCK_K=t.block_k,
@@ -227,7 +228,9 @@ def _launch(
     """
     m, k = x2d.shape
     kind = _KINDS[(q_row is not None, q_col is not None, dequantized)]
-    hw_round = (x2d.device.type == "cuda") if hw_round is None else hw_round
+    device = x2d.device
+    cuda = device.type == "cuda"
+    hw_round = cuda if hw_round is None else hw_round
     s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)
     s_row_strides = (0, 0)
     if s_row is not None:
@@ -239,9 +242,9 @@ def _launch(
             raise ValueError(f"_launch: s_row strides {s_row.stride()}: need row- or column-major")
     t, launcher = _launch_config(
         kind, fmt.name, block_size, scale_mode, None if tile is None else tuple(tile),
-        hw_round, interpreter_enabled(), s_row_t,
+        hw_round, not cuda and interpreter_enabled(), s_row_t,
     )  # fmt: skip
-    dummy = _no_output(x2d.device)
+    dummy = _no_output(device)
 
     def u8(out):
         return dummy if out is None else out if dequantized else out.view(torch.uint8)
@@ -249,7 +252,7 @@ def _launch(
     grid = (-(-m // t.block_m), -(-k // t.block_k))
     tiles, tiles_per_program = grid[0] * grid[1], 1
     if t.programs_per_sm:
-        grid = (min(tiles, persistent_programs(x2d.device, t.programs_per_sm)),)
+        grid = (min(tiles, persistent_programs(device, t.programs_per_sm)),)
         tiles_per_program = -(-tiles // grid[0])
     elif t.k_first:
         grid = (tiles,)
