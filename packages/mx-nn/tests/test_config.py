@@ -50,6 +50,12 @@ def test_recipe_overrides_and_derived_properties():
         (dict(gemm_backend="cudnn"), ValueError, "gemm_backend='cudnn' is not one of"),
         (dict(cast_backend="cuda"), ValueError, "cast_backend='cuda' is not one of"),
         (dict(hp_weight_grad=1), TypeError, "hp_weight_grad must be a bool"),
+        (dict(compute_path="bf16"), ValueError, "compute_path='bf16' is not one of auto, mx"),
+        (
+            dict(compute_path="fake_quant", save_mx_activations=True),
+            ValueError,
+            "keeps no MX casts",
+        ),
     ],
 )
 def test_bad_configs(kwargs, exc, message):

@@ -25,6 +25,7 @@ def test_swaps_in_place_keeping_parameters_and_logs_skips(caplog):
     assert isinstance(model[0], MXLinear) and isinstance(model[2][0], MXLinear)
     assert type(model[2][1]) is nn.Linear  # 10 outputs: not a multiple of 32
     assert "kept 2.1 as nn.Linear" in caplog.text
+    assert model[2][0].fqn == "2.0" and "MXLinear '2.0' (in_features=128" in model[2][0].layer_name
     for name, p in model.named_parameters():
         assert p is params[name]
 

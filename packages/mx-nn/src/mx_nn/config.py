@@ -13,6 +13,12 @@ dW = dY^T X        dY, ``grad_output_fmt`` (M)                X, ``input_fmt`` (
 
 ``hp_weight_grad`` runs the dW GEMM in high precision instead. All casts use
 ``block_size`` and ``scale_mode``.
+
+``compute_path`` picks how the three GEMMs run: ``"mx"``, MX casts (codes and scales)
+then ``mx_kernels.scaled_mm``; ``"fake_quant"``, casts fused with their dequantize
+(``mx_kernels.fake_quantize_*``) then bf16 GEMMs on the MX values, the same values and
+fp32 accumulation as ``scaled_mm``'s ``dequant_bf16`` design; ``"auto"``, the fused path
+exactly where ``scaled_mm`` would run that design (sm90), else ``"mx"``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ from dataclasses import dataclass
 from mx_core import get_format, get_scale_mode
 from mx_kernels.backend import BACKENDS, MATMUL_BACKENDS
 
-__all__ = ["MXLinearConfig", "MXRecipe"]
+__all__ = ["COMPUTE_PATHS", "MXLinearConfig", "MXRecipe"]
+
+COMPUTE_PATHS: tuple[str, ...] = ("auto", "mx", "fake_quant")
+"""Values of :attr:`MXLinearConfig.compute_path` (see the module doc)."""
 
 
 class MXRecipe(str, enum.Enum):
@@ -65,7 +74,11 @@ class MXLinearConfig:
     """Compute dW = dY^T X in the high-precision dtype instead of MX."""
     save_mx_activations: bool = False
     """Save X's columnwise MX cast for backward instead of X itself (about half the
-    activation memory of bf16)."""
+    activation memory of bf16). Needs the MX path (it keeps codes and scales)."""
+    compute_path: str = "auto"
+    """``"auto"``, ``"mx"`` or ``"fake_quant"`` (module doc). ``"fake_quant"`` runs the
+    fused path on any device, CPU included (how CPU tests cover it); it takes no fp16
+    input, whose fake-quantized values can leave fp16's range."""
 
     def __post_init__(self) -> None:
         for name in ("input_fmt", "weight_fmt", "grad_output_fmt"):
@@ -86,6 +99,15 @@ class MXLinearConfig:
         for name in ("hp_weight_grad", "save_mx_activations"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.compute_path not in COMPUTE_PATHS:
+            raise ValueError(
+                f"compute_path={self.compute_path!r} is not one of {', '.join(COMPUTE_PATHS)}"
+            )
+        if self.compute_path == "fake_quant" and self.save_mx_activations:
+            raise ValueError(
+                "compute_path='fake_quant' keeps no MX casts, so save_mx_activations=True "
+                "cannot apply; use compute_path='mx' or 'auto'"
+            )
 
     @property
     def scale_mode_name(self) -> str:

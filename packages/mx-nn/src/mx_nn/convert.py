@@ -53,7 +53,7 @@ def convert(
                 bs,
             )
             return None
-        return MXLinear.from_linear(module, config)
+        return MXLinear.from_linear(module, config, fqn=fqn or None)
 
     root = swap(model, "")
     if root is not None:

@@ -14,12 +14,25 @@ Rows are padded with zeros to a multiple of the block size where a cast runs alo
 (zeros add nothing to dW). fp6 formats and block sizes other than 32 have no MX GEMM:
 they dequantize and multiply in fp32 (logged once).
 
+DTensor inputs and weights (as ``parallelize_module`` makes them with PyTorch's
+``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel`` and ``PrepareModuleInput``)
+run through the same code: every op has a sharding rule (:mod:`mx_dtensor`), so each
+runs on the local shards and nothing is communicated inside the layer. The output is
+Shard(-1) when the weight is Shard(0) (colwise), Partial when the input and weight
+are sharded along K (rowwise), sharded as the input along M when M is. Folding the
+leading dims into M keeps a sharded sequence dim sharded (DTensor turns it into a
+strided shard); padding an unsharded M is local to each rank. The layer refuses, naming
+itself, a shard that would split an MX block: in_features or out_features per rank, or
+tokens per rank where M is sharded (and the colwise casts need blocks along M), not a
+multiple of the block size; and a Partial input.
+
 Where ``scaled_mm`` would multiply bf16 dequantized operands anyway (its
 ``dequant_bf16`` design, sm90's choice; ``mx_kernels.bf16_gemm_design``), the layer
 fuses each cast with its dequantize (``mx_kernels.fake_quantize_*``) and runs the bf16
 GEMMs on the results: the same values and accumulation, fewer passes over memory. Not
-for fp16 inputs or when the MX casts are saved (``save_mx_activations``). Which path
-runs is logged once per device.
+for fp16 inputs or when the MX casts are saved (``save_mx_activations``).
+``MXLinearConfig.compute_path`` forces either path ("mx" or "fake_quant", on any
+device); "auto" decides as above. Which path runs is logged once per device.
 """
 
 from __future__ import annotations
@@ -30,11 +43,14 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 
+import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 import mx_kernels
 from mx_core import MXTensor, get_format
 from mx_kernels.matmul import bf16_gemm, bf16_gemm_design
 from mx_nn.config import MXLinearConfig
+from mx_nn.placements import check_placements
 
 __all__ = ["MXLinear"]
 
@@ -49,8 +65,35 @@ def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
 
 
 def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """x [M, K] with zero rows appended up to a multiple of ``multiple``."""
     extra = -x.shape[0] % multiple
-    return F.pad(x, (0, 0, 0, extra)) if extra else x
+    if not extra:
+        return x
+    if not isinstance(x, DTensor):
+        return F.pad(x, (0, 0, 0, extra))
+    # M is not sharded here: a sharded M holds whole blocks or MXLinear refused it
+    # (_check_sharding), so it needs no padding. Each rank pads its own rows.
+    if any(getattr(p, "dim", None) == 0 for p in x.placements):
+        raise ValueError(f"MXLinear: rows sharded as {x.placements} cannot be padded locally")
+    m, k = x.shape
+    local = F.pad(x.to_local(), (0, 0, 0, extra))
+    return DTensor.from_local(
+        local, x.device_mesh, x.placements, run_check=False, shape=(m + extra, k), stride=(k, 1)
+    )
+
+
+def _reduced(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` with Partial placements reduced: its casts need the summed values.
+
+    The gradient of a Partial output (a rowwise layer) reaches backward Replicate from
+    PyTorch's styles, so this is a no-op in eager. Where torch.compile traces an
+    autograd.Function, it first assumes a gradient with the output's placements
+    (Partial); AOTAutograd then traces the real backward with the tangent coerced to
+    Replicate (``DTensor.__coerce_tangent_metadata__``), where this is again a no-op."""
+    if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
+        placements = [Replicate() if p.is_partial() else p for p in grad.placements]
+        return grad.redistribute(grad.device_mesh, placements)
+    return grad
 
 
 def _gemm(a, a_fmt: str, b, b_fmt: str, out_dtype: torch.dtype, c: MXLinearConfig):
@@ -92,7 +135,7 @@ class _MXLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         c: MXLinearConfig = ctx.config
         wt_q, wt_s, *saved_x = ctx.saved_tensors
-        dy = grad_output.reshape(-1, grad_output.shape[-1])
+        dy = _reduced(grad_output).reshape(-1, grad_output.shape[-1])
         m = dy.shape[0]
         grad_x = grad_w = None
         if c.hp_weight_grad:
@@ -143,7 +186,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         c: MXLinearConfig = ctx.config
         wf_col, x2 = ctx.saved_tensors
-        dy = grad_output.reshape(-1, grad_output.shape[-1])
+        dy = _reduced(grad_output).reshape(-1, grad_output.shape[-1])
         m = dy.shape[0]
         grad_x = grad_w = None
         if c.hp_weight_grad:
@@ -178,7 +221,7 @@ def _fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype
 
 
 _CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
-                  "hp_weight_grad", "save_mx_activations")  # fmt: skip
+                  "hp_weight_grad", "save_mx_activations", "compute_path")  # fmt: skip
 
 
 @torch.compiler.assume_constant_result
@@ -187,16 +230,21 @@ def _fake_quant_path_of(
 ) -> bool:
     c = SimpleNamespace(**dict(zip(_CONFIG_FIELDS, fields, strict=True)))
     device = torch.device(device_type, device_index)
-    if c.save_mx_activations or c.block_size != _GEMM_BLOCK or dtype == torch.float16:
-        return False
-    pairs = [(c.input_fmt, c.weight_fmt), (c.grad_output_fmt, c.weight_fmt)]
-    if not c.hp_weight_grad:
-        pairs.append((c.grad_output_fmt, c.input_fmt))
-    fused = all(bf16_gemm_design(device, a, b, backend=c.gemm_backend) for a, b in pairs)
-    key = ("fake-quantized casts + bf16 GEMMs" if fused else "MX casts + scaled_mm", str(device))
+    if c.compute_path != "auto":
+        fused, why = c.compute_path == "fake_quant", f" (compute_path={c.compute_path!r})"
+    elif c.save_mx_activations or c.block_size != _GEMM_BLOCK or dtype == torch.float16:
+        fused, why = False, ""
+    else:
+        pairs = [(c.input_fmt, c.weight_fmt), (c.grad_output_fmt, c.weight_fmt)]
+        if not c.hp_weight_grad:
+            pairs.append((c.grad_output_fmt, c.input_fmt))
+        fused = all(bf16_gemm_design(device, a, b, backend=c.gemm_backend) for a, b in pairs)
+        why = ""
+    path = "fake-quantized casts + bf16 GEMMs" if fused else "MX casts + scaled_mm"
+    key = (path, str(device), why)
     if key not in _LOGGED:
         _LOGGED.add(key)
-        logger.info("mx_nn.MXLinear: %s on %s", *key)
+        logger.info("mx_nn.MXLinear: %s on %s%s", *key)
     return fused
 
 
@@ -217,15 +265,20 @@ class MXLinear(nn.Linear):
         dtype: torch.dtype | None = None,
         *,
         config: MXLinearConfig | None = None,
+        fqn: str | None = None,
     ) -> None:
         config = config or MXLinearConfig()
         _check_dims(in_features, out_features, config)
         super().__init__(in_features, out_features, bias, device, dtype)
         self.config = config
+        self.fqn = fqn
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, config: MXLinearConfig | None = None) -> MXLinear:
-        """An MXLinear sharing ``linear``'s Parameter objects (no copy)."""
+    def from_linear(
+        cls, linear: nn.Linear, config: MXLinearConfig | None = None, *, fqn: str | None = None
+    ) -> MXLinear:
+        """An MXLinear sharing ``linear``'s Parameter objects (no copy). ``fqn``: the
+        layer's name in its model, which errors quote (``convert`` passes it)."""
         config = config or MXLinearConfig()
         _check_dims(linear.in_features, linear.out_features, config)
         new = cls.__new__(cls)
@@ -234,8 +287,15 @@ class MXLinear(nn.Linear):
         new.weight = linear.weight
         new.bias = linear.bias
         new.config = config
+        new.fqn = fqn
         new.train(linear.training)
         return new
+
+    @property
+    def layer_name(self) -> str:
+        """How errors name this layer: its fqn and features."""
+        name = f" {self.fqn!r}" if self.fqn else ""
+        return f"MXLinear{name} (in_features={self.in_features}, out_features={self.out_features})"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, weight, device_type = input, self.weight, input.device.type
@@ -250,9 +310,17 @@ class MXLinear(nn.Linear):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _mx_forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        fused = _fake_quant_path(x.device, self.config, x.dtype)
+        c = self.config
+        if c.compute_path == "fake_quant" and torch.float16 in (x.dtype, weight.dtype):
+            raise ValueError(
+                f"{self.layer_name}: compute_path='fake_quant' takes no fp16 input or weight "
+                "(fake-quantized values can leave fp16's range); use bf16/fp32 or 'mx'"
+            )
+        if isinstance(x, DTensor) or isinstance(weight, DTensor):
+            check_placements(self.layer_name, x, weight, c)
+        fused = _fake_quant_path(x.device, c, x.dtype)
         fn = _FakeQuantLinearFunction if fused else _MXLinearFunction
-        return fn.apply(x, weight, self.config)
+        return fn.apply(x, weight, c)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, config={self.config}"

@@ -1,0 +1,344 @@
+"""DTensor sharding rules for every ``mx::`` op of mx-kernels.
+
+Importing this module registers one rule per op with DTensor's sharding propagator.
+Rules are per mesh dim (a 2-D mesh takes each dim's rule in turn); ``bs`` is the op's
+``block_size`` (32 for ``scaled_mm``); x is ``[..., K]`` (rowwise) or ``[M, K]``:
+
+=========================  ======================  ==========================================
+op                         input on a mesh dim     outputs on that mesh dim
+=========================  ======================  ==========================================
+``quantize_rowwise``       R / Shard(d)            (qdata, scale): R / Shard(d)
+``fake_quantize_rowwise``  R / Shard(d)            R / Shard(d)
+``quantize_colwise``       R / S(0) / S(1)         (qdata_t [K, M], scale [M/bs, K]):
+                                                   R / (S(1), S(0)) / (S(0), S(1))
+``fake_quantize_colwise``  R / S(0) / S(1)         R / S(0) / S(1)
+``quantize_both``          R / S(0) / S(1)         (q_row, s_row [K/bs, M], q_col_t,
+                                                   s_col [M/bs, K]): R / (S(0), S(1), S(1),
+                                                   S(0)) / (S(1), S(0), S(0), S(1))
+``fake_quantize_both``     R / S(0) / S(1)         (row, col): R / S(0) / S(1)
+``dequantize_rowwise``     qdata and scale alike:  R / Shard(d)
+                           R / Shard(d)
+``scaled_mm`` (a @ b^T)    (R, R)                  R
+                           (S(0), R)               S(0)
+                           (R, S(0))               S(1)
+                           (S(1), S(1))            Partial(sum)
+=========================  ======================  ==========================================
+
+(``quantize_both``'s s_row and both colwise ops' scales are the ops' contiguous
+buffers; the public functions return their transposes, which DTensor's ``t()`` maps.)
+
+- A Shard of a blocked dim (the last dim of a rowwise cast, M of a columnwise one, K of
+  ``scaled_mm`` and ``dequantize_rowwise``) must give every rank whole blocks: each
+  local size a multiple of ``bs``; a ``_StridedShard`` of it (what DTensor makes of
+  ``[B, S, K] -> [B * S, K]`` with S sharded) must leave contiguous runs of whole
+  blocks (S per rank a multiple of ``bs``). Other dims may be sharded unevenly, or
+  strided.
+- A Partial input is refused: the amax of a partial sum is not the amax of the sum,
+  and partial codes are not codes of the sum. Reduce it first.
+- Anything else raises :class:`MXShardingError` (a ValueError naming the op, the input,
+  the dim, the global and local sizes and the mesh dim's size) while the sharding is
+  propagated, that is before any communication. A rule never asks DTensor to
+  redistribute an input: the one strategy it returns takes the inputs as they are. (A
+  ``register_sharding`` rule lists acceptable placements and DTensor silently
+  redistributes any other input to the cheapest of them.)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo
+from torch.distributed.tensor.placement_types import Placement, _StridedShard
+
+import mx_kernels  # noqa: F401  (defines the mx:: ops registered here)
+from mx_core import get_format
+
+__all__ = ["MX_OPS", "MXShardingError", "local_sizes", "split_block_reason"]
+
+MX_OPS: tuple[str, ...] = (
+    "quantize_rowwise",
+    "quantize_colwise",
+    "quantize_both",
+    "fake_quantize_rowwise",
+    "fake_quantize_colwise",
+    "fake_quantize_both",
+    "dequantize_rowwise",
+    "scaled_mm",
+)
+"""Names of the ``torch.ops.mx`` ops that have a rule here (every op of mx-kernels)."""
+
+_GEMM_BLOCK = 32
+
+
+class MXShardingError(ValueError, NotImplementedError):
+    """A placement the ``mx::`` ops have no rule for, or a shard of a blocked dim that
+    does not hold whole blocks.
+
+    A ValueError. It is a NotImplementedError too because DTensor's dispatcher passes
+    NotImplementedError from sharding propagation through unchanged and wraps any other
+    exception in a RuntimeError (``torch/distributed/tensor/_dispatch.py``, torch
+    2.9-2.13)."""
+
+
+def local_sizes(
+    size: int, placements: Sequence[Placement], mesh_shape: Sequence[int], dim: int
+) -> list[int]:
+    """The size along ``dim`` of every rank's local shard, in mesh-coordinate order, of
+    a tensor whose ``dim`` has global ``size`` under ``placements``: a ``Shard`` splits
+    as ``torch.chunk``, mesh dims left to right, as DTensor does; a
+    ``_StridedShard(split_factor=f)`` chunks each of f equal parts (``size`` divisible by
+    f); other placements leave the size alone."""
+    sizes = []
+    for coord in itertools.product(*(range(n) for n in mesh_shape)):
+        s = size
+        for p, n, c in zip(placements, mesh_shape, coord, strict=True):
+            if _sharded_dim(p) == dim:
+                f = p.split_factor if isinstance(p, _StridedShard) else 1
+                chunk = -(-(s // f) // n)
+                s = f * max(0, min(chunk, s // f - c * chunk))
+        sizes.append(s)
+    return sizes
+
+
+def _norm(p: Placement, ndim: int) -> Placement:
+    if type(p) is Shard and p.dim < 0:
+        return Shard(p.dim + ndim)
+    if isinstance(p, _StridedShard) and p.dim < 0:
+        return _StridedShard(p.dim + ndim, split_factor=p.split_factor)
+    return p
+
+
+def _sharded_dim(p: Placement) -> int | None:
+    if type(p) is Shard or isinstance(p, _StridedShard):
+        return p.dim
+    return None
+
+
+def _moved(p: Placement, dim: int) -> Placement:
+    """``p`` (a Shard or _StridedShard) moved to ``dim``."""
+    if isinstance(p, _StridedShard):
+        return _StridedShard(dim, split_factor=p.split_factor)
+    return Shard(dim)
+
+
+def _where(op: str, arg: str, spec: DTensorSpec, mesh_dim: int) -> str:
+    return (
+        f"mx::{op}: {arg} (shape {tuple(spec.shape)}, placements {tuple(spec.placements)}) "
+        f"on mesh dim {mesh_dim} of size {spec.mesh.shape[mesh_dim]}"
+    )
+
+
+def _check_partial(op: str, arg: str, spec: DTensorSpec) -> None:
+    for i, p in enumerate(spec.placements):
+        if p.is_partial():
+            raise MXShardingError(
+                f"{_where(op, arg, spec, i)} is {p!r}: a Partial input has no rule (the amax "
+                "of a partial sum is not the amax of the sum); reduce it first "
+                "(redistribute to Replicate or Shard)"
+            )
+
+
+def split_block_reason(
+    shape: Sequence[int],
+    placements: Sequence[Placement],
+    mesh_shape: Sequence[int],
+    dim: int,
+    block_size: int,
+    per: int = 1,
+) -> str | None:
+    """Why the local shards of ``dim`` would split blocks of ``block_size`` elements, or
+    None when every rank holds whole blocks (or ``dim`` is not sharded).
+
+    ``shape``: the global shape; ``per``: elements per index of ``dim`` (2 for packed
+    fp4 bytes). A ``Shard`` of ``dim`` (on any number of mesh dims) must leave local
+    sizes that are multiples of ``block_size``; a ``_StridedShard`` (what DTensor makes
+    of a flattened ``[B, S]`` with S sharded) must be the only one on ``dim`` and leave
+    contiguous runs that are multiples of ``block_size``.
+    """
+    mesh_dims = [i for i, p in enumerate(placements) if _sharded_dim(p) == dim]
+    if not mesh_dims:
+        return None
+    size = shape[dim]
+    strided = [i for i in mesh_dims if isinstance(placements[i], _StridedShard)]
+    if strided:
+        i, p = strided[0], placements[strided[0]]
+        sf = p.split_factor
+        if len(mesh_dims) > 1 or size % sf:
+            return (
+                f"dim {dim} (global size {size * per}) is {p} on mesh dim {i} among "
+                f"{tuple(placements)}: no rule for this strided shard of a blocked dim"
+            )
+        runs = sorted(
+            {r * per for r in local_sizes(size // sf, [Shard(dim)], [mesh_shape[i]], dim)}
+        )
+        if any(r % block_size for r in runs):
+            return (
+                f"dim {dim} (global size {size * per}) is {p} on mesh dim {i} of size "
+                f"{mesh_shape[i]}: local runs of {runs} elements, not all multiples of the "
+                f"block size {block_size}, so a shard would split a block"
+            )
+        return None
+    local = sorted({s * per for s in local_sizes(size, placements, mesh_shape, dim)})
+    if any(s % block_size for s in local):
+        return (
+            f"dim {dim} (global size {size * per}) sharded over mesh dims {mesh_dims} of "
+            f"sizes {[mesh_shape[i] for i in mesh_dims]} gives local sizes {local}, not all "
+            f"multiples of the block size {block_size}, so a shard would split a block. "
+            f"Shard it so that every rank holds whole blocks (a mesh size that divides its "
+            f"{size * per // block_size} blocks), or pad it"
+        )
+    return None
+
+
+def _check_whole_blocks(
+    op: str, arg: str, spec: DTensorSpec, dim: int, block: int, per: int = 1
+) -> None:
+    why = split_block_reason(spec.shape, spec.placements, spec.mesh.shape, dim, block, per)
+    if why is not None:
+        raise MXShardingError(
+            f"mx::{op}: {arg} (shape {tuple(spec.shape)}, placements "
+            f"{tuple(spec.placements)}, mesh shape {tuple(spec.mesh.shape)}): {why}"
+        )
+
+
+def _cast_rule(blocked: Sequence[int], out_dims: Sequence[Sequence[int]]):
+    """The rule of a cast of x blocked along ``blocked`` dims (-1: the last); output j
+    takes x's dim d as its dim ``out_dims[j][d]``, or as dim d where that is empty. (The
+    ops' fake impls, which run first, refuse an x of the wrong rank.)"""
+
+    def rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tuple[Placement, ...]]:
+        (x,) = specs
+        block_size = args[2]  # args: x, fmt, block_size, scale_mode, backend
+        ndim = len(x.shape)
+        _check_partial(op, "x", x)
+        for d in blocked:
+            _check_whole_blocks(op, "x", x, d % ndim, block_size)
+        outs: list[list[Placement]] = [[] for _ in out_dims]
+        for p in x.placements:
+            p = _norm(p, ndim)
+            d = _sharded_dim(p)
+            for j, dims in enumerate(out_dims):
+                outs[j].append(Replicate() if d is None else _moved(p, dims[d] if dims else d))
+        return [tuple(o) for o in outs]
+
+    return rule
+
+
+_SAME = ()  # an output laid out as x
+_T = (1, 0)  # an output laid out as x^T
+
+_CAST_RULES = {
+    "quantize_rowwise": _cast_rule((-1,), (_SAME, _SAME)),
+    "fake_quantize_rowwise": _cast_rule((-1,), (_SAME,)),
+    "quantize_colwise": _cast_rule((0,), (_T, _SAME)),
+    "fake_quantize_colwise": _cast_rule((0,), (_SAME,)),
+    "quantize_both": _cast_rule((0, 1), (_SAME, _T, _T, _SAME)),
+    "fake_quantize_both": _cast_rule((0, 1), (_SAME, _SAME)),
+}
+
+
+def _dequantize_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tuple]:
+    q, s = specs
+    fmt, block_size = args[2], args[3]
+    ndim = len(q.shape)
+    if len(s.shape) != ndim:
+        raise MXShardingError(f"mx::{op}: qdata and scale ranks differ: {q.shape}, {s.shape}")
+    _check_partial(op, "qdata", q)
+    _check_partial(op, "scale", s)
+    pq = tuple(_norm(p, ndim) for p in q.placements)
+    ps = tuple(_norm(p, ndim) for p in s.placements)
+    for i, (a, b) in enumerate(zip(pq, ps, strict=True)):
+        if a != b:
+            raise MXShardingError(
+                f"{_where(op, 'qdata', q, i)} is {a} but scale is {b}: qdata and scale must "
+                "have the same placements"
+            )
+    per = 2 if get_format(fmt).is_packed else 1
+    _check_whole_blocks(op, "qdata", q, ndim - 1, block_size, per)
+    kq = local_sizes(q.shape[-1], pq, q.mesh.shape, ndim - 1)
+    ks = local_sizes(s.shape[-1], ps, s.mesh.shape, ndim - 1)
+    if any(a * per != b * block_size for a, b in zip(kq, ks, strict=True)):
+        raise MXShardingError(
+            f"{_where(op, 'qdata', q, 0)}: local qdata sizes {kq} along the last dim do not "
+            f"match the local scale sizes {ks} (block size {block_size})"
+        )
+    return [pq]
+
+
+def _scaled_mm_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tuple]:
+    a, a_s, b, b_s = specs
+    a_fmt, b_fmt = args[2], args[5]
+    for name, spec in (("a", a), ("a_scale", a_s), ("b", b), ("b_scale", b_s)):
+        if len(spec.shape) != 2:
+            raise MXShardingError(f"mx::{op}: {name} must be 2-D, got shape {tuple(spec.shape)}")
+        _check_partial(op, name, spec)
+    pa = tuple(_norm(p, 2) for p in a.placements)
+    pb = tuple(_norm(p, 2) for p in b.placements)
+    for name, data, scale, spec in (("a", pa, a_s, a), ("b", pb, b_s, b)):
+        for i, (p, q) in enumerate(zip(data, (_norm(p, 2) for p in scale.placements), strict=True)):
+            if p != q:
+                raise MXShardingError(
+                    f"{_where(op, name, spec, i)} is {p} but {name}_scale is {q}: an operand "
+                    "and its scales must have the same placements"
+                )
+    for name, spec, fmt in (("a", a, a_fmt), ("b", b, b_fmt)):
+        per = 2 if get_format(fmt).is_packed else 1
+        _check_whole_blocks(op, name, spec, 1, _GEMM_BLOCK, per)
+    out: list[Placement] = []
+    for i, (p, q) in enumerate(zip(pa, pb, strict=True)):
+        da, db = _sharded_dim(p), _sharded_dim(q)
+        if da is None and db is None:
+            out.append(Replicate())
+        elif da == 0 and db is None:
+            out.append(p)
+        elif da is None and db == 0:
+            out.append(_moved(q, 1))
+        elif da == 1 and db == 1 and p == q:  # the same split of K (strided alike)
+            out.append(Partial("sum"))
+        else:
+            raise MXShardingError(
+                f"{_where(op, 'a', a, i)} is {p} and b (shape {tuple(b.shape)}) is {q}: no "
+                "rule for this pair (a @ b^T takes (R, R) -> R, (S(0), R) -> S(0), "
+                "(R, S(0)) -> S(1), (S(1), S(1)) -> Partial); redistribute first"
+            )
+    return [tuple(out)]
+
+
+def _register(name: str, rule: Callable, static_argnum: int) -> None:
+    op = getattr(torch.ops.mx, name).default
+
+    def strategy(op_schema: OpSchema) -> OpStrategy:
+        inputs = [a for a in op_schema.args_schema if isinstance(a, OpStrategy)]
+        for s in inputs:
+            if len(s.strategies) != 1:
+                raise MXShardingError(
+                    f"mx::{name}: an input offers {len(s.strategies)} placements; the mx rules "
+                    "take one placement per input (the DTensor it is)"
+                )
+        specs = [s.strategies[0].output_spec for s in inputs]
+        if any(not isinstance(a, DTensorSpec) for a in specs):
+            raise MXShardingError(f"mx::{name}: tensor inputs must all be DTensors")
+        outs = [DTensorSpec(specs[0].mesh, p) for p in rule(name, specs, op_schema.args_schema)]
+        return OpStrategy(
+            [
+                OpSpec(
+                    output_specs=tuple(outs) if len(op._schema.returns) > 1 else outs[0],
+                    input_specs=specs,
+                    redistribute_cost=[[0.0] for _ in specs],
+                )
+            ]
+        )
+
+    DTensor._op_dispatcher.sharding_propagator.register_op_strategy(
+        op, strategy, RuntimeSchemaInfo(static_argnum=static_argnum)
+    )
+
+
+for _name, _rule in _CAST_RULES.items():
+    _register(_name, _rule, static_argnum=1)
+_register("dequantize_rowwise", _dequantize_rule, static_argnum=2)
+_register("scaled_mm", _scaled_mm_rule, static_argnum=2)

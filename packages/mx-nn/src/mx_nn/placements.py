@@ -1,0 +1,86 @@
+"""Which DTensor placements an :class:`mx_nn.MXLinear` takes, checked before it runs so
+that a refusal names the layer (the ops' sharding rules would refuse the same inputs,
+naming only the op).
+
+X [..., K] (leading dims folded into M) and W [N, K], per mesh dim, as PyTorch's styles
+make them: X Replicate and W Shard(0) (colwise: Y Shard(-1)), X Shard(-1) and W Shard(1)
+(rowwise: Y Partial), X sharded along a leading dim and W Replicate (Y sharded alike),
+both Replicate. Every sharded blocked dim must hold whole blocks on every rank: K of X
+and W, N of W (its columnwise cast), and M where the columnwise casts of X and dY run
+(any recipe but ``hp_weight_grad``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from mx_dtensor import local_sizes, split_block_reason
+from mx_nn.config import MXLinearConfig
+
+__all__ = ["check_placements"]
+
+
+def check_placements(
+    layer: str, x: torch.Tensor, weight: torch.Tensor, config: MXLinearConfig
+) -> None:
+    """Refuse placements of ``x`` [..., K] and ``weight`` [N, K] that MXLinear cannot run
+    without splitting MX blocks or reducing a Partial.
+
+    Raises:
+        TypeError: one of them is a DTensor and the other is not.
+        ValueError: a Partial operand, or a shard that splits blocks (the message names
+            ``layer``, the operand, the dim, the global and local sizes and the mesh).
+    """
+    if not (isinstance(x, DTensor) and isinstance(weight, DTensor)):
+        raise TypeError(
+            f"{layer}: input is a {type(x).__name__} and weight a {type(weight).__name__}; "
+            "both must be DTensors on one mesh (parallelize the module) or neither"
+        )
+    for name, t in (("input", x), ("weight", weight)):
+        for i, p in enumerate(t.placements):
+            if p.is_partial():
+                raise ValueError(
+                    f"{layer}: {name} is {p!r} on mesh dim {i}; MX casts need the reduced "
+                    "values (the amax of a partial sum is not the amax of the sum): "
+                    "redistribute it to Replicate or Shard first"
+                )
+    bs = config.block_size
+    mesh_shape = tuple(x.device_mesh.shape)
+    operands = [
+        ("input", x, x.dim() - 1, "in_features"),
+        ("weight", weight, 1, "in_features"),
+        ("weight", weight, 0, "out_features"),
+    ]
+    for name, t, dim, what in operands:
+        why = split_block_reason(t.shape, t.placements, mesh_shape, dim, bs)
+        if why is not None:
+            raise ValueError(
+                f"{layer}: {name} {what} per rank would split MX blocks of {bs}: {why} "
+                f"({name} shape {tuple(t.shape)}, placements {tuple(t.placements)})"
+            )
+    if config.needs_colwise_input:
+        _check_tokens(layer, x, bs, mesh_shape)
+
+
+def _check_tokens(layer: str, x: DTensor, bs: int, mesh_shape: tuple[int, ...]) -> None:
+    """M = the leading dims folded: where one of them is sharded, each rank's contiguous
+    run of rows (its shard of that dim times the dims after it) must hold whole blocks,
+    since the columnwise casts of X and dY block along M."""
+    lead = tuple(x.shape[:-1])
+    for d in range(len(lead)):
+        if not any(getattr(p, "dim", None) == d for p in x.placements):
+            continue
+        inner = math.prod(lead[d + 1 :])
+        runs = sorted({s * inner for s in local_sizes(lead[d], x.placements, mesh_shape, d)})
+        if any(r % bs for r in runs):
+            raise ValueError(
+                f"{layer}: tokens per rank would split MX blocks of {bs} along M (the "
+                f"columnwise casts of the input and its gradient): input shape "
+                f"{tuple(x.shape)} with placements {tuple(x.placements)} on mesh "
+                f"{mesh_shape} gives runs of {runs} rows per rank along dim {d} (global "
+                f"size {lead[d]}). Give each rank a multiple of {bs} tokens (pad the "
+                f"sequence to a multiple of {bs} x the mesh size), or use hp_weight_grad"
+            )
