@@ -4,7 +4,9 @@ parallelism, MXLinear against bf16 nn.Linear, forward + backward (run on a GPU).
 Per rank at TP degree t (8192 tokens, hidden 4096, 32 heads, 8 KV heads, FFN 14336):
 q 4096 -> 4096/t, k and v 4096 -> 1024/t, o 4096/t -> 4096, gate and up 4096 -> 14336/t,
 down 14336/t -> 4096 (colwise layers shard their outputs, rowwise ones their inputs).
-One step runs all seven forward and backward (weights' grads kept, as in training);
+q, k and v read one input, and so do gate and up, as in the layer (MXLinear casts a
+shared input once). One step runs all seven forward and backward (weights' grads
+kept, as in training);
 its time is the wall time per step of steps queued back to back (host and GPU: at
 small per-rank shapes the host's launch path is what the GPU waits for). bf16 and MX
 alternate in the same run, eager and each ``torch.compile``'d.
@@ -52,7 +54,9 @@ class Linears(nn.Module):
         )
 
     def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [layer(x) for layer, x in zip(self.layers, xs, strict=True)]
+        x_attn, x_o, x_mlp, x_down = xs
+        inputs = [x_attn, x_attn, x_attn, x_o, x_mlp, x_mlp, x_down]
+        return [layer(x) for layer, x in zip(self.layers, inputs, strict=True)]
 
 
 def step_fn(model, xs, grads):
@@ -83,7 +87,8 @@ def run_tp(tp: int, recipe: str, steps: int, modes: tuple[str, ...]) -> dict[str
     mx = Linears(tp)
     mx.load_state_dict(bf16.state_dict())
     mx_nn.convert(mx, recipe)
-    xs = [torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16) for _, k, _ in shapes(tp)]
+    widths = [HIDDEN, HIDDEN // tp, HIDDEN, FFN // tp]  # inputs of q/k/v, o, gate/up, down
+    xs = [torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16) for k in widths]
     xs = [x.requires_grad_() for x in xs]
     grads = [torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16) for *_, n in shapes(tp)]
     out = {}
