@@ -118,3 +118,31 @@ def test_compiled_layers_sharing_an_input_hold_one_cast_per_orientation():
     # Three weights and three dY; the partitioner may recompute weight casts rather
     # than save them.
     assert ops.count("mx.fake_quantize_both.default") in (6, 9)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_reused_weight_casts_until_a_step_or_a_load_changes_the_weight(path, monkeypatch):
+    torch.manual_seed(0)
+    config = mx_nn.MXLinearConfig(compute_path=path, reuse_weight_casts=True)
+    layer = mx_nn.MXLinear(128, 64, bias=False, config=config, dtype=torch.bfloat16)
+    plain = mx_nn.MXLinear.from_linear(layer, mx_nn.MXLinearConfig(compute_path=path))
+    name = "fake_quantize_both" if path == "fake_quant" else "quantize_both"
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    clear_cast_cache()
+    calls = _counting(monkeypatch, [name])
+    xs = [torch.randn(32, 128, dtype=torch.bfloat16) for _ in range(3)]
+    for x in xs:  # three micro-batches: the weight's casts are made once
+        layer(x).sum().backward()
+    weight_casts = calls[name] - 3  # each backward casts its dY with the same op
+    assert weight_casts == 1
+    for change in (
+        opt.step,  # an in-place update: cast again, and the output follows the new weight
+        lambda: layer.load_state_dict({"weight": torch.randn(64, 128, dtype=torch.bfloat16)}),
+    ):
+        change()
+        with torch.no_grad():
+            want = plain(xs[0])  # never reuses: casts the weight as it is now
+            before = calls[name]
+            assert torch.equal(layer(xs[0]), want)
+            assert calls[name] == before + 1
+    clear_cast_cache()

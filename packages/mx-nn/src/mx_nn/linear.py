@@ -69,6 +69,18 @@ def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     return fn(x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend)
 
 
+def _cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig):
+    """:func:`_cast` of the weight, kept while it is unchanged if the config asks. Only
+    a Parameter's: a weight converted per step (autocast to another dtype) is new each
+    time, and keeping its casts would keep every copy."""
+    if not (c.reuse_weight_casts and isinstance(weight, nn.Parameter)):
+        return _cast(fn, weight, fmt, c)
+    mode, backend = c.scale_mode_name, c.cast_backend
+    site = f"weight {id(weight)}"  # one entry per weight; it holds the weight alive
+    return cast_shared(site, fn, weight, fmt, block_size=c.block_size, scale_mode=mode,
+                       backend=backend)  # fmt: skip
+
+
 def _cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     """:func:`_cast` of the layer's input, shared with the other layers that read the
     same tensor (q/k/v, gate/up; :mod:`mx_nn.cast_cache`)."""
@@ -138,7 +150,7 @@ class _MXLinearFunction(torch.autograd.Function):
         else:
             x_q, x_s = _cast_input(mx_kernels.quantize_rowwise, x2, c.input_fmt, c)
             saved_x = (x2,)
-        w_q, w_s, wt_q, wt_s = _cast(mx_kernels.quantize_both, weight, c.weight_fmt, c)
+        w_q, w_s, wt_q, wt_s = _cast_weight(mx_kernels.quantize_both, weight, c.weight_fmt, c)
         y = _gemm((x_q, x_s), c.input_fmt, (w_q, w_s), c.weight_fmt, x.dtype, c)
         ctx.save_for_backward(wt_q, wt_s, *saved_x)
         # No shapes on ctx (SymInts there trip torch 2.11's dynamo, as in check_scaled_mm_args).
@@ -190,7 +202,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         xf = _cast_input(mx_kernels.fake_quantize_rowwise, x2, c.input_fmt, c)
-        wf_row, wf_col = _cast(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
+        wf_row, wf_col = _cast_weight(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
         y = bf16_gemm(xf, wf_row.t(), x.dtype)
         ctx.save_for_backward(wf_col, x2)
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
