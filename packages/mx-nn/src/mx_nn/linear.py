@@ -72,7 +72,7 @@ def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     if not isinstance(x, DTensor):
         return F.pad(x, (0, 0, 0, extra))
     # M is not sharded here: a sharded M holds whole blocks or MXLinear refused it
-    # (_check_sharding), so it needs no padding. Each rank pads its own rows.
+    # (mx_nn.placements), so it needs no padding. Each rank pads its own rows.
     if any(getattr(p, "dim", None) == 0 for p in x.placements):
         raise ValueError(f"MXLinear: rows sharded as {x.placements} cannot be padded locally")
     m, k = x.shape
