@@ -21,7 +21,8 @@ runs on the local shards and nothing is communicated inside the layer. The outpu
 Shard(-1) when the weight is Shard(0) (colwise), Partial when the input and weight
 are sharded along K (rowwise), sharded as the input along M when M is. Folding the
 leading dims into M keeps a sharded sequence dim sharded (DTensor turns it into a
-strided shard); padding an unsharded M is local to each rank. The layer refuses, naming
+strided shard, pytorch/pytorch#166483; a torch without that refuses the reshape
+rather than gathering); padding an unsharded M is local to each rank. The layer refuses, naming
 itself, a shard that would split an MX block: in_features or out_features per rank, or
 tokens per rank where M is sharded (and the colwise casts need blocks along M), not a
 multiple of the block size; and a Partial input.
