@@ -203,6 +203,7 @@ def _worker(rank: int, world: int) -> dict:
     ]
     out["dequant_mismatch"] = _run_dequant_mismatch(meshes[0])
     out["strided"] = _run_strided(meshes[0])
+    out["mm_dtype"] = _run_mm_dtype(meshes[0])
     out["register_sharding_comms"] = _register_sharding_redistributes(meshes[0])
     return out
 
@@ -234,6 +235,34 @@ def _run_dequant_mismatch(mesh):
     except mx_dtensor.MXShardingError as e:
         return str(e)
     return "no error"
+
+
+def _run_mm_dtype(mesh):
+    """aten.mm.dtype's rule, on meta local tensors (no CPU kernel): output placements
+    per input pair, no communication, and a refusal."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    def dt(shape, spec):
+        local = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+        return DTensor.from_local(local, mesh, _placements(spec), run_check=False)
+
+    n, out = mesh.size(), []
+    for sa, sb, want in ((R_, R_, "R"), (0, R_, "S(0)"), (R_, 1, "S(1)"), (1, 0, "P")):
+        a = dt((64 // (n if sa == 0 else 1), 64 // (n if sa == 1 else 1)), sa)
+        b = dt((64 // (n if sb == 0 else 1), 32 // (n if sb == 1 else 1)), sb)
+        with CommDebugMode() as comm:
+            y = torch.mm(a, b, out_dtype=torch.float32)
+        got = {"R": y.placements[0].is_replicate(), "P": y.placements[0].is_partial()}.get(
+            want, str(y.placements[0]) == want
+        )
+        out.append((sa, sb, got and y.dtype == torch.float32 and comm.get_total_counts() == 0))
+    try:
+        torch.mm(dt((64 // n, 64), 0), dt((64 // n, 32), 0), out_dtype=torch.float32)
+        out.append(("S(0)", "S(0)", False))
+    except mx_dtensor.MXShardingError as e:
+        out.append(("S(0)", "S(0)", "no rule" in str(e)))
+    return out
 
 
 def _full_bits(dt) -> torch.Tensor:
@@ -331,6 +360,14 @@ def test_strided_shards(results):
         assert torch.__version__ < (2, 13) or len(res["strided"]) == 6
         for op, ok, detail in res["strided"]:
             assert ok, f"{op}: {detail}"
+
+
+def test_mm_dtype_rule(results):
+    _, per_rank = results
+    for res in per_rank:
+        assert len(res["mm_dtype"]) == 5
+        for sa, sb, ok in res["mm_dtype"]:
+            assert ok, (sa, sb)
 
 
 def test_block_error_names_global_and_local_sizes(results):

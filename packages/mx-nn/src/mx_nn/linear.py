@@ -25,7 +25,8 @@ runs on the local shards and nothing is communicated inside the layer. The outpu
 Shard(-1) when the weight is Shard(0) (colwise), Partial when the input and weight
 are sharded along K (rowwise), sharded as the input along M when M is. Folding the
 leading dims into M keeps a sharded sequence dim sharded (DTensor turns it into a
-strided shard); padding an unsharded M is local to each rank. The layer refuses, naming
+strided shard, pytorch/pytorch#166483; a torch without that refuses the reshape
+rather than gathering); padding an unsharded M is local to each rank. The layer refuses, naming
 itself, a shard that would split an MX block: in_features or out_features per rank, or
 tokens per rank where M is sharded (and the colwise casts need blocks along M), not a
 multiple of the block size; and a Partial input.
@@ -98,7 +99,7 @@ def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     if not isinstance(x, DTensor):
         return F.pad(x, (0, 0, 0, extra))
     # M is not sharded here: a sharded M holds whole blocks or MXLinear refused it
-    # (_check_sharding), so it needs no padding. Each rank pads its own rows.
+    # (mx_nn.placements), so it needs no padding. Each rank pads its own rows.
     if any(getattr(p, "dim", None) == 0 for p in x.placements):
         raise ValueError(f"MXLinear: rows sharded as {x.placements} cannot be padded locally")
     m, k = x.shape
