@@ -10,8 +10,10 @@ not compiled for), and launches a hit through the compiled kernel's own launcher
 
 The first call of each key, every call under ``TRITON_INTERPRET=1`` (CPU tensors) and
 every call while a Triton launch hook is set (profilers) take Triton's own JIT path.
-``MX_KERNELS_CHECK_LAUNCH=1`` additionally checks, on every cached launch, that Triton's
-JIT would have picked the same compiled kernel (the GPU benchmarks' ``--check``).
+``MX_KERNELS_CACHED_LAUNCH=0`` sends every launch through Triton's JIT (to rule the
+cache out when something looks wrong); ``MX_KERNELS_CHECK_LAUNCH=1`` checks, on every
+cached launch, that Triton's JIT would have picked the same compiled kernel (the GPU
+benchmarks' ``--check``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class KernelLauncher:
         if len(args) != self.n_runtime:
             raise TypeError(f"KernelLauncher: {self.n_runtime} runtime arguments, got {len(args)}")
         hooked = _hooked(self._runtime.launch_enter_hook) or _hooked(self._runtime.launch_exit_hook)
-        if hooked or not isinstance(args[0], torch.Tensor) or args[0].device.type != "cuda":
+        cuda = isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda"
+        if hooked or not cuda or not _CACHED:
             self.kernel[grid](*args, **self.constexprs)
             return
         key = specialization_key(args, self.tensors)
@@ -95,4 +98,5 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+_CACHED = os.environ.get("MX_KERNELS_CACHED_LAUNCH", "1") not in ("", "0")
 _CHECK = os.environ.get("MX_KERNELS_CHECK_LAUNCH", "0") not in ("", "0")
