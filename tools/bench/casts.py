@@ -7,12 +7,13 @@ run and the same way.
 
 Timing: kernels back to back in a CUDA graph (``do_bench_cudagraph``), the judged figure,
 and ``do_bench`` (one launch from Python per timing, L2 flushed before each) beside it.
-A cast's Python launch path takes 60-110 us on the H200 host (session 5), longer than
-its kernel at 16384x4096, and ``do_bench`` counts the GPU waiting for it: in session 5
-that read 0.42-0.68 for kernels whose CUDA-graph and profiler (CUPTI) times said
-0.98-0.99 (BENCHMARKS.md). The host time per call is reported in its own column.
+A cast's Python launch path takes 60-110 us on the H200 host, longer than its kernel
+at 16384x4096, and ``do_bench`` counts the GPU waiting for it: that read 0.42-0.68 for
+kernels whose CUDA-graph and profiler (CUPTI) times said 0.98-0.99 (BENCHMARKS.md,
+2026-12-03 'Casts: CUDA-graph timing'). The host time per call is reported in its own
+column.
 
-Targets (issue 3): rowwise >= 0.90, columnwise >= 0.85, both-in-one-pass >= 0.85.
+Targets: rowwise >= 0.90, columnwise >= 0.85, both-in-one-pass >= 0.85.
 
 Usage: python tools/bench/casts.py [--quick] [--sweep] [--fmt fp8_e4m3] [--mode rceil]
 Writes the table to $OUT/casts.md too when OUT is set.
@@ -50,8 +51,8 @@ SWEEP = {
     "rowwise": [(8, 1024, 4), (4, 2048, 8, 0, 1, True), (8, 1024, 4, 4, 2)],
     "colwise": [(32, 128, 1, 0, 1, True), (32, 128, 2)],
     "both": [
-        (32, 128, 2, 0, 1, True),  # the default before session 4
-        (128, 64, 4, 0, 1, False, 96, 8),  # the default of session 5: byte transpose
+        (32, 128, 2, 0, 1, True),  # the default before 2026-12-03
+        (128, 64, 4, 0, 1, False, 96, 8),  # the default before word stores: byte transpose
         (128, 64, 4, 0, 1, False, 96, 8, True),  # M first
         (128, 64, 4, 0, 1, True, 0, 8, True),  # uncapped registers
         (256, 64, 8, 0, 1, False, 0, 8, True),  # 256-byte runs of x^T's rows

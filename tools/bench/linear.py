@@ -5,7 +5,7 @@ input [M, K] bf16; times forward + backward (median, ms), eager and with --compi
 torch.compile'd, and the peak memory of one step. Checks the MX output's SQNR against
 bf16 first.
 
-Targets (issue 5): compiled MXLinear <= 1.0x the bf16 time; eager <= 1.1x.
+Targets: compiled MXLinear <= 1.0x the bf16 time; eager <= 1.1x.
 
 Usage: python tools/bench/linear.py [--quick] [--compile] [--recipe mxfp8]
 Writes the table to $OUT/linear.md too when OUT is set.

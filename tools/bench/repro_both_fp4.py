@@ -1,12 +1,13 @@
 """Reproducer: the fused fp4 cast (``both``) of an fp32 x strided along K on the GPU.
 
-Session 6's full bit-exact check on the H200 (triton 3.6) found wrong columnwise codes
+The full bit-exact check on the H200 (triton 3.6) found wrong columnwise codes
 and scales for fp4_e2m1 ``both`` from ``x.t()`` of a contiguous fp32 tensor, while the
 same kernel was exact from contiguous inputs, from bf16, and for fp6/fp8
-(BENCHMARKS.md). ``mx_kernels.quantize_both`` therefore casts a contiguous copy in that
-case. This script launches the kernel directly (no copy) for several tiles, input
-dtypes and layouts, and prints the wrong bytes per output, so that the cause can be
-found and the copy removed once every line reads 0.
+(BENCHMARKS.md, 2026-12-03 'Casts: word stores'). ``mx_kernels.quantize_both``
+therefore casts a contiguous copy in that case. This script launches the kernel
+directly (no copy) for several tiles, input dtypes and layouts, and prints the wrong
+bytes per output, so that the cause can be found and the copy removed once every line
+reads 0.
 
 Usage (GPU): python3 tools/bench/repro_both_fp4.py
 CPU smoke run: TRITON_INTERPRET=1 python3 tools/bench/repro_both_fp4.py --device cpu --shape 64x96
@@ -30,7 +31,7 @@ TILES = [
     (128, 64, 4, 0, 1, True, 0, 8),  # no register cap
     (128, 64, 4, 0, 1, True, 96),  # rows not permuted
     (128, 64, 4, 0, 1, True),
-    (32, 128, 2, 0, 1, True),  # session 3's tile
+    (32, 128, 2, 0, 1, True),  # the 2026-12-02 default
     (32, 128, 1),
 ]
 

@@ -5,6 +5,10 @@
 #   bash tools/bench/run_all.sh            # writes $OUT/{casts,gemm,linear}{.md,_log.txt}
 #   GEMM_DESIGNS=dequant_bf16 bash tools/bench/run_all.sh   # skip the slow fused designs
 #   STEPS="casts profile linear" bash tools/bench/run_all.sh  # a subset; profile = ncu
+# Steps: casts gemm linear (the default), profile, host (per-op host time), tp (the
+# seven linears of a Llama-3-8B layer at TP per-rank shapes), dtensor (the sharding
+# rules at tp=1), parallelize (parallelize at tp=1 against convert), train (mx-train,
+# bf16 against mxfp8 on a larger model).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$root/packages/mx-core/src:$root/packages/mx-kernels/src:$root/packages/mx-dtensor/src:$root/packages/mx-nn/src
@@ -25,6 +29,13 @@ steps=" ${STEPS:-casts gemm linear} "
 [[ $steps == *" casts "* ]] && step casts 250 python3 casts.py --check quick --sweep
 [[ $steps == *" gemm "* ]] && step gemm 200 python3 gemm.py --designs "$designs"
 [[ $steps == *" linear "* ]] && step linear 170 python3 linear.py --compile
+[[ $steps == *" host "* ]] && step host 120 python3 host_cost.py --check
+[[ $steps == *" tp "* ]] && step tp 240 python3 tp_layer.py --cudagraphs
+[[ $steps == *" dtensor "* ]] && step dtensor 150 python3 dtensor_overhead.py --compile
+[[ $steps == *" parallelize "* ]] && step parallelize 100 python3 parallelize_overhead.py
+[[ $steps == *" train "* ]] && step train 240 python3 -m mx_nn.train --compare --compile \
+  --device cuda --steps 300 --layers 8 --dim 2048 --heads 16 --kv-heads 4 --seq 2048 \
+  --batch 8 --out "$OUT/train"
 [[ $steps == *" profile "* ]] && step profile 100 ncu --clock-control none \
   --profile-from-start off --section SpeedOfLight --section Occupancy \
   --section LaunchStats --section WarpStateStats --section InstructionStats \

@@ -81,7 +81,8 @@ def test_colwise_and_both_bit_exact(fmt, mode, dtype):
     q_row, s_row = mx_kernels.cast._empty_cast(x.shape, f, 32, x.device)
     q_col, s_col = mx_kernels.cast._empty_cast_t(x.shape, f, 32, x.device)
     words = (32, 32, 1, 0, 1, True, 0, 8, True)
-    assert mx_kernels.cast._launch_config("both", f, 32, mode, words, False, True)[1]["WORDS_T"]
+    _, launcher = mx_kernels.cast._launch_config("both", f.name, 32, mode, words, False, True)
+    assert launcher.constexprs["WORDS_T"]
     mx_kernels.cast._launch(x, f, 32, mode, q_row, s_row, q_col, s_col, tile=words)
     _assert_same((q_row, s_row), want_row)
     _assert_same((q_col, s_col.t()), want_col)
@@ -198,10 +199,14 @@ def test_fp6_and_fp4_bit_exact(fmt, mode):
         _assert_same(both[2:], want_col)
 
 
-def test_block_sizes_without_triton_run_the_reference_when_auto(caplog, monkeypatch):
+def test_block_sizes_without_triton_run_the_reference_when_auto(
+    caplog, monkeypatch, fresh_backend_choices
+):
     x = _data((4, 36), torch.float32)
     # auto picks Triton only for CUDA tensors; pretend this one is, to reach the choice.
-    monkeypatch.setattr(mx_kernels.backend, "resolve_backend", lambda op, backend, device: "triton")
+    monkeypatch.setattr(
+        mx_kernels.backend, "_device_choice", lambda op, backend, device_type: ("triton", "auto")
+    )
     with caplog.at_level(logging.INFO, logger="mx_kernels"):
         _assert_same(
             mx_kernels.quantize_rowwise(x, block_size=6), mx_core.quantize(x, block_size=6)

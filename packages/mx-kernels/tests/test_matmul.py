@@ -389,7 +389,7 @@ def test_compiled_scaled_mm_still_checks_shapes_at_run_time():
         compiled(**bad)
 
 
-def test_triton_that_cannot_be_imported_is_named_in_the_error(monkeypatch):
+def test_triton_that_cannot_be_imported_is_named_in_the_error(monkeypatch, fresh_backend_choices):
     monkeypatch.setattr(backend_mod, "triton_available", lambda: False)
     why = "ModuleNotFoundError: No module named 'numpy'"
     monkeypatch.setattr(backend_mod, "_triton_import_error", lambda: why)

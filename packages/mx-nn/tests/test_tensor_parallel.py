@@ -315,7 +315,7 @@ def _sequence_sharded_layer(mesh) -> dict:
     }
 
 
-def _worker(rank: int, world: int, compile_case: bool) -> dict:
+def _worker(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world,))
@@ -328,10 +328,16 @@ def _worker(rank: int, world: int, compile_case: bool) -> dict:
         out["layers"][path] = _layer_exactness(mesh, path)
     out["refusals"] = _refusals(mesh)
     out["sequence_sharded"] = _sequence_sharded_layer(mesh)
-    if compile_case:
-        out["compiled"] = {
-            path: _compare_block(mesh, _config("mxfp8", path), compiled=True) for path in PATHS
-        }
+    return out
+
+
+def _compiled_worker(rank: int, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    out = {"plain": _compare_block(mesh, None)}
+    for path in PATHS:
+        out[path] = _compare_block(mesh, _config("mxfp8", path), compiled=True)
     return out
 
 
@@ -339,7 +345,7 @@ def _worker(rank: int, world: int, compile_case: bool) -> dict:
 def _results(world: int) -> list:
     from mx_dtensor.testing import spawn
 
-    return spawn(_worker, world, world == 2)
+    return spawn(_worker, world)
 
 
 @pytest.fixture(params=[2, 4], ids=["tp2", "tp4"])
@@ -401,8 +407,11 @@ def test_sequence_sharded_input_keeps_its_sharding(results):
 def test_compiled_block_matches_single_process():
     # torch.compile(fullgraph=True) of the parallelized block, both paths, at tp=2 only
     # (CPU compilation is slow).
-    for res in _results(2):
-        for path, r in res["compiled"].items():
+    from mx_dtensor.testing import spawn
+
+    for res in spawn(_compiled_worker, 2):
+        for path in PATHS:
+            r = res[path]
             for name, err in r["errs"].items():
                 assert err <= REL_TOL, f"compiled {path} {name}: rel err {err:.2e}"
             # The compiled graphs hold the styles' collectives and nothing else.

@@ -27,6 +27,11 @@ op                         input on a mesh dim     outputs on that mesh dim
 (``quantize_both``'s s_row and both colwise ops' scales are the ops' contiguous
 buffers; the public functions return their transposes, which DTensor's ``t()`` maps.)
 
+One aten op MXLinear reaches has no DTensor rule in torch 2.11-2.13 and gets the same
+kind of rule here: ``aten.mm.dtype`` (``mx_kernels.bf16_gemm`` on CUDA when the result
+is not bf16), as DTensor's mm: (R, R) -> R, (S(0), R) -> S(0), (R, S(1)) -> S(1),
+(S(1), S(0)) -> Partial(sum). It is registered only where torch has no rule of its own.
+
 - A Shard of a blocked dim (the last dim of a rowwise cast, M of a columnwise one, K of
   ``scaled_mm`` and ``dequantize_rowwise``) must give every rank whole blocks: each
   local size a multiple of ``bs``; a ``_StridedShard`` of it (what DTensor makes of
@@ -127,7 +132,7 @@ def _moved(p: Placement, dim: int) -> Placement:
 
 def _where(op: str, arg: str, spec: DTensorSpec, mesh_dim: int) -> str:
     return (
-        f"mx::{op}: {arg} (shape {tuple(spec.shape)}, placements {tuple(spec.placements)}) "
+        f"{op}: {arg} (shape {tuple(spec.shape)}, placements {tuple(spec.placements)}) "
         f"on mesh dim {mesh_dim} of size {spec.mesh.shape[mesh_dim]}"
     )
 
@@ -200,7 +205,7 @@ def _check_whole_blocks(
     why = split_block_reason(spec.shape, spec.placements, spec.mesh.shape, dim, block, per)
     if why is not None:
         raise MXShardingError(
-            f"mx::{op}: {arg} (shape {tuple(spec.shape)}, placements "
+            f"{op}: {arg} (shape {tuple(spec.shape)}, placements "
             f"{tuple(spec.placements)}, mesh shape {tuple(spec.mesh.shape)}): {why}"
         )
 
@@ -246,7 +251,7 @@ def _dequantize_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tup
     fmt, block_size = args[2], args[3]
     ndim = len(q.shape)
     if len(s.shape) != ndim:
-        raise MXShardingError(f"mx::{op}: qdata and scale ranks differ: {q.shape}, {s.shape}")
+        raise MXShardingError(f"{op}: qdata and scale ranks differ: {q.shape}, {s.shape}")
     _check_partial(op, "qdata", q)
     _check_partial(op, "scale", s)
     pq = tuple(_norm(p, ndim) for p in q.placements)
@@ -274,7 +279,7 @@ def _scaled_mm_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tupl
     a_fmt, b_fmt = args[2], args[5]
     for name, spec in (("a", a), ("a_scale", a_s), ("b", b), ("b_scale", b_s)):
         if len(spec.shape) != 2:
-            raise MXShardingError(f"mx::{op}: {name} must be 2-D, got shape {tuple(spec.shape)}")
+            raise MXShardingError(f"{op}: {name} must be 2-D, got shape {tuple(spec.shape)}")
         _check_partial(op, name, spec)
     pa = tuple(_norm(p, 2) for p in a.placements)
     pb = tuple(_norm(p, 2) for p in b.placements)
@@ -308,20 +313,43 @@ def _scaled_mm_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tupl
     return [tuple(out)]
 
 
-def _register(name: str, rule: Callable, static_argnum: int) -> None:
-    op = getattr(torch.ops.mx, name).default
+def _mm_dtype_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tuple]:
+    """``aten.mm.dtype`` (a [M, K] @ b [K, N] with an fp32 result), which
+    ``mx_kernels.bf16_gemm`` runs on CUDA for non-bf16 outputs: DTensor's mm rules."""
+    a, b = specs
+    for name, spec in (("a", a), ("b", b)):
+        _check_partial(op, name, spec)
+    out: list[Placement] = []
+    for i, (p, q) in enumerate(zip(a.placements, b.placements, strict=True)):
+        da, db = _sharded_dim(_norm(p, 2)), _sharded_dim(_norm(q, 2))
+        if da is None and db is None:
+            out.append(Replicate())
+        elif da == 0 and db is None:
+            out.append(p)
+        elif da is None and db == 1:
+            out.append(q)
+        elif da == 1 and db == 0 and type(p) is Shard and type(q) is Shard:
+            out.append(Partial("sum"))
+        else:
+            raise MXShardingError(
+                f"{_where(op, 'a', a, i)} is {p} and b is {q}: no rule for this pair (a @ b "
+                "takes (R, R), (S(0), R), (R, S(1)), (S(1), S(0))); redistribute first"
+            )
+    return [tuple(out)]
 
+
+def _register(op, name: str, rule: Callable, static_argnum: int) -> None:
     def strategy(op_schema: OpSchema) -> OpStrategy:
         inputs = [a for a in op_schema.args_schema if isinstance(a, OpStrategy)]
         for s in inputs:
             if len(s.strategies) != 1:
                 raise MXShardingError(
-                    f"mx::{name}: an input offers {len(s.strategies)} placements; the mx rules "
+                    f"{name}: an input offers {len(s.strategies)} placements; the mx rules "
                     "take one placement per input (the DTensor it is)"
                 )
         specs = [s.strategies[0].output_spec for s in inputs]
         if any(not isinstance(a, DTensorSpec) for a in specs):
-            raise MXShardingError(f"mx::{name}: tensor inputs must all be DTensors")
+            raise MXShardingError(f"{name}: tensor inputs must all be DTensors")
         outs = [DTensorSpec(specs[0].mesh, p) for p in rule(name, specs, op_schema.args_schema)]
         return OpStrategy(
             [
@@ -339,6 +367,17 @@ def _register(name: str, rule: Callable, static_argnum: int) -> None:
 
 
 for _name, _rule in _CAST_RULES.items():
-    _register(_name, _rule, static_argnum=1)
-_register("dequantize_rowwise", _dequantize_rule, static_argnum=2)
-_register("scaled_mm", _scaled_mm_rule, static_argnum=2)
+    _register(getattr(torch.ops.mx, _name).default, f"mx::{_name}", _rule, static_argnum=1)
+_register(torch.ops.mx.dequantize_rowwise.default, "mx::dequantize_rowwise", _dequantize_rule, 2)
+_register(torch.ops.mx.scaled_mm.default, "mx::scaled_mm", _scaled_mm_rule, static_argnum=2)
+
+_propagator = DTensor._op_dispatcher.sharding_propagator
+if not any(
+    torch.ops.aten.mm.dtype in table
+    for table in (
+        _propagator.op_strategy_funcs,
+        getattr(_propagator, "op_single_dim_strategy_funcs", {}),
+        _propagator.op_to_rules,
+    )
+):  # torch 2.11-2.13 have no rule for it; a later torch's own rule wins
+    _register(torch.ops.aten.mm.dtype, "aten.mm.dtype", _mm_dtype_rule, static_argnum=2)

@@ -6,6 +6,7 @@ Not imported by ``mx_dtensor`` itself (import ``mx_dtensor.testing``).
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import traceback
@@ -30,7 +31,10 @@ def _free_port() -> int:
 def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A rank that fails leaves the others waiting in a collective: time out instead of
+    # hanging the test run (rank skew here is at most a CPU compilation, about a minute).
+    timeout = datetime.timedelta(seconds=300)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     try:
         results[rank] = ("ok", fn(rank, world, *args))
     except BaseException:  # reported to the parent, which fails the test with it

@@ -85,21 +85,36 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
     """
     if backend not in allowed:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(allowed)}")
+    impl, why = _choice(op, backend, device.type, None, interpreter_enabled())
+    log_choice(op, impl, device.type, why)
+    return impl
+
+
+@functools.lru_cache(maxsize=1024)
+def _choice(op: str, backend: str, device_type: str, gap: str | None, _interp: bool):
+    """(backend, reason) without logging: cached, since every op body asks on its hot
+    path (a choice that raises is not cached, and raises again)."""
+    impl, why = _device_choice(op, backend, device_type)
+    if impl != "triton" or gap is None:
+        return impl, why
+    if backend == "triton":
+        raise ValueError(f"{op}: backend='triton' cannot run these arguments: {gap}")
+    return "reference", gap
+
+
+def _device_choice(op: str, backend: str, device_type: str) -> tuple[str, str]:
     if backend == "reference":
-        log_choice(op, "reference", device.type, "requested")
-        return "reference"
-    if backend == "auto" and device.type != "cuda":
-        log_choice(op, "reference", device.type, "auto: not a CUDA tensor")
-        return "reference"
+        return "reference", "requested"
+    if backend == "auto" and device_type != "cuda":
+        return "reference", "auto: not a CUDA tensor"
     if not triton_available():
-        raise _no_triton(op, device.type, backend)
-    if device.type != "cuda" and not interpreter_enabled():
+        raise _no_triton(op, device_type, backend)
+    if device_type != "cuda" and not interpreter_enabled():
         raise RuntimeError(
-            f"{op}: backend='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 "
+            f"{op}: backend='triton' on a {device_type} tensor needs TRITON_INTERPRET=1 "
             "(Triton's interpreter); use a CUDA tensor or backend='reference'"
         )
-    log_choice(op, "triton", device.type, backend)
-    return "triton"
+    return "triton", backend
 
 
 TRITON_BLOCK_SIZES: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
@@ -110,13 +125,14 @@ def resolve_backend_for(op: str, backend: str, device: torch.device, gap: str | 
     """:func:`resolve_backend`, then the reference where Triton cannot run these
     arguments (``gap`` says why; None: it can): logged for ``"auto"``, a ValueError for
     ``"triton"``."""
-    impl = resolve_backend(op, backend, device)
-    if impl != "triton" or gap is None:
-        return impl
-    if backend == "triton":
-        raise ValueError(f"{op}: backend='triton' cannot run these arguments: {gap}")
-    log_choice(op, "reference", device.type, gap)
-    return "reference"
+    if backend not in BACKENDS:
+        raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    device_type = device.type
+    # TRITON_INTERPRET only matters off CUDA; reading the environment costs ~1 us.
+    interp = device_type != "cuda" and interpreter_enabled()
+    impl, why = _choice(op, backend, device_type, gap, interp)
+    log_choice(op, impl, device_type, why)
+    return impl
 
 
 def persistent_programs(device: torch.device, per_sm: int = 1) -> int:

@@ -37,6 +37,8 @@ from mx_kernels.backend import (
     persistent_programs,
     resolve_backend_for,
 )
+from mx_kernels.launch import KernelLauncher
+from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
 
@@ -44,11 +46,25 @@ __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
 def _choose(
     op: str, backend: str, x: torch.Tensor, fmt: ElementFormat, block_size: int, dims: tuple
 ) -> str:
-    """The implementation an op body runs. Also checks the blocked sizes again: the
-    Python wrappers skip that check under torch.compile (see mx_core.check_quantize_args),
-    and op bodies always run on real tensors."""
-    for dim in dims:
-        mx_core.check_quantize_args(x, block_size, dim, fn=op)
+    """The implementation an op body runs, after the checks of the tensor's shape: the
+    op bodies always see real tensors (local shards under DTensor, run-time tensors
+    under torch.compile), so these checks live here, not in the public functions."""
+    shape = x.shape
+    # The common case in a few comparisons (this is every cast's hot path); anything
+    # else gets the full checks, which raise with the argument named.
+    rank_ok = len(shape) >= 1 if dims == (-1,) else len(shape) == 2
+    fine = (
+        rank_ok
+        and x.dtype in mx_core.INPUT_DTYPES
+        and block_size > 0
+        and not block_size % 2
+        and all(shape[d] % block_size == 0 for d in dims)
+    )
+    if not fine:
+        if dims != (-1,) and x.dim() != 2:
+            raise ValueError(f"{op}: x must be 2-D [M, K], got shape {tuple(x.shape)}")
+        for dim in dims:
+            mx_core.check_quantize_args(x, block_size, dim, fn=op)
     gap = None
     if block_size not in TRITON_BLOCK_SIZES:
         gap = f"block_size={block_size} has no Triton cast (Triton: {TRITON_BLOCK_SIZES})"
@@ -93,10 +109,12 @@ class CastTile(NamedTuple):
 # to match Triton's layout), so that its transposed codes go out in whole 128-byte
 # lines, with registers capped to fit five programs per SM; each thread packs four
 # rows' codes into a word, so the transpose moves words through shared memory, not
-# bytes (session 6: the byte transpose took about a quarter of the kernel's time).
+# bytes (the byte transpose took about a quarter of the kernel's time: BENCHMARKS.md,
+# 2026-12-03 'Casts: CUDA-graph timing').
 # Launch order: programs that follow each other write neighbouring bytes of the largest
 # output when row-major outputs go K first and the transposed ones M first; "both"
-# measured faster K first (0.89-0.90 of copy against 0.85-0.87 M first, session 6).
+# measured faster K first (0.89-0.90 of copy against 0.85-0.87 M first: BENCHMARKS.md,
+# 2026-12-03 'Casts: word stores').
 TILE_CONFIGS: dict[str, CastTile] = {
     "rowwise": CastTile(8, 1024, 4, k_first=True),
     "colwise": CastTile(32, 128, 1),
@@ -108,8 +126,8 @@ TILE_CONFIGS: dict[str, CastTile] = {
 _INTERPRETER_TILE = CastTile(32, 64, 4)  # small: the interpreter's cost grows with tile size
 
 
-def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> CastTile:
-    t = CastTile(*(tile or (_INTERPRETER_TILE if interpreter_enabled() else TILE_CONFIGS[kind])))
+def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None, interpreter: bool) -> CastTile:
+    t = CastTile(*(tile or (_INTERPRETER_TILE if interpreter else TILE_CONFIGS[kind])))
     block_m = max(t.block_m, 1 if kind.endswith("rowwise") else block_size)
     t = t._replace(block_m=block_m, block_k=max(t.block_k, block_size))
     if t.lanes_m and (block_size % t.lanes_m or t.block_m != t.warps * block_size):
@@ -122,20 +140,23 @@ def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None) -> CastTile:
 @functools.lru_cache(maxsize=512)
 def _launch_config(
     kind: str,
-    fmt: ElementFormat,
+    fmt_name: str,
     block_size: int,
     scale_mode: str,
     tile: tuple[int, ...] | None,
     hw_round: bool,
     interpreter: bool,
-) -> tuple[CastTile, dict]:
-    """The tile and the kernel's constant arguments for one cast configuration: built
-    once, since a cast's host time is measured against a kernel of tens of microseconds
-    (BENCHMARKS.md, session 5). ``interpreter`` keys the cache on TRITON_INTERPRET,
-    which changes the default tile."""
-    from mx_kernels.cast_triton import FMT_IDS, MODE_IDS
+    s_row_t: bool = False,
+) -> tuple[CastTile, KernelLauncher]:
+    """The tile and the launcher (kernel constants bound) of one cast configuration:
+    built once, since a cast's host time is measured against a kernel of a few to tens
+    of microseconds (BENCHMARKS.md, 2026-12-03 'Host cost per op'). ``interpreter``
+    (TRITON_INTERPRET on a CPU tensor) keys the cache, since it changes the default
+    tile."""
+    from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_cast_kernel
 
-    t = _tile(kind, block_size, tile)
+    fmt = get_format(fmt_name)
+    t = _tile(kind, block_size, tile, interpreter)
     constants = dict(
         BLOCK_M=t.block_m,
         BLOCK_K=t.block_k,
@@ -157,17 +178,28 @@ def _launch_config(
         STAGES=t.stages,
         K_FIRST=t.k_first,
         LANES_M=t.lanes_m,
+        S_ROW_T=s_row_t,
         WORDS_T=t.words and not fmt.is_packed,
         num_warps=t.warps,
         **({"maxnreg": t.max_regs} if t.max_regs else {}),
     )
-    return t, constants
+    return t, KernelLauncher(mx_cast_kernel, constants, tensors=5)
 
 
 @functools.cache
 def _no_output(device: torch.device) -> torch.Tensor:
     """A zero-size uint8 tensor passed for outputs a cast does not write."""
     return torch.empty(0, dtype=torch.uint8, device=device)
+
+
+_KINDS = {
+    (True, False, False): "rowwise",
+    (False, True, False): "colwise",
+    (True, True, False): "both",
+    (True, False, True): "fake_rowwise",
+    (False, True, True): "fake_colwise",
+    (True, True, True): "fake_both",
+}
 
 
 def _launch(
@@ -186,59 +218,48 @@ def _launch(
     """Run the Triton cast on a 2-D x; None outputs are skipped.
 
     ``dequantized``: q_row and q_col receive the fake-quantized values instead (in their
-    own dtype, both [M, K] row-major), s_row and s_col must be None.
+    own dtype, both [M, K] row-major), s_row and s_col must be None. ``s_row`` is
+    row-major (any rank, [..., K // block_size]) or, 2-D, column-major (strides (1, M)).
 
     ``tile`` (a :class:`CastTile` or the tuple of its fields) overrides TILE_CONFIGS;
     ``hw_round`` overrides the rounding path (default: the GPU's fp8 conversion on CUDA,
     fp32 arithmetic in the interpreter). Benchmarks sweep these; every choice is
     bit-exact where it runs.
     """
-    import triton
-
-    from mx_kernels.cast_triton import mx_cast_kernel
-
     m, k = x2d.shape
-    rowwise, colwise = q_row is not None, q_col is not None
-    kind = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
-    kind = f"fake_{kind}" if dequantized else kind
-    hw_round = (x2d.device.type == "cuda") if hw_round is None else hw_round
-    tile = None if tile is None else tuple(tile)
-    t, constants = _launch_config(
-        kind, fmt, block_size, scale_mode, tile, hw_round, interpreter_enabled()
-    )
-    dummy = _no_output(x2d.device)
+    kind = _KINDS[(q_row is not None, q_col is not None, dequantized)]
+    device = x2d.device
+    cuda = device.type == "cuda"
+    hw_round = cuda if hw_round is None else hw_round
+    s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)
+    s_row_strides = (0, 0)
+    if s_row is not None:
+        if s_row.is_contiguous():
+            s_row_strides = (k // block_size, 1)
+        elif s_row.dim() == 2 and s_row.stride() == (1, m):
+            s_row_t, s_row_strides = True, (1, m)
+        else:
+            raise ValueError(f"_launch: s_row strides {s_row.stride()}: need row- or column-major")
+    t, launcher = _launch_config(
+        kind, fmt.name, block_size, scale_mode, None if tile is None else tuple(tile),
+        hw_round, not cuda and interpreter_enabled(), s_row_t,
+    )  # fmt: skip
+    dummy = _no_output(device)
 
     def u8(out):
         return dummy if out is None else out if dequantized else out.view(torch.uint8)
 
-    grid = (triton.cdiv(m, t.block_m), triton.cdiv(k, t.block_k))
+    grid = (-(-m // t.block_m), -(-k // t.block_k))
     tiles, tiles_per_program = grid[0] * grid[1], 1
     if t.programs_per_sm:
-        grid = (min(tiles, persistent_programs(x2d.device, t.programs_per_sm)),)
-        tiles_per_program = triton.cdiv(tiles, grid[0])
+        grid = (min(tiles, persistent_programs(device, t.programs_per_sm)),)
+        tiles_per_program = -(-tiles // grid[0])
     elif t.k_first:
         grid = (tiles,)
-    s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)
-    if s_row is not None:
-        s_row = s_row.view(m, k // block_size)  # a view of the output, never a copy
-        s_row_t = s_row.stride() == (1, m) and not s_row.is_contiguous()
-        if not (s_row_t or s_row.is_contiguous()):
-            raise ValueError(f"_launch: s_row strides {s_row.stride()}: need row- or column-major")
-    mx_cast_kernel[grid](
-        x2d,
-        u8(q_row),
-        u8(s_row),
-        u8(q_col),
-        u8(s_col),
-        m,
-        k,
-        x2d.stride(0),
-        x2d.stride(1),
-        *((0, 0) if s_row is None else s_row.stride()),
-        tiles_per_program,
-        S_ROW_T=s_row_t,
-        **constants,
-    )
+    launcher(
+        grid, x2d, u8(q_row), u8(s_row), u8(q_col), u8(s_col), m, k,
+        x2d.stride(0), x2d.stride(1), *s_row_strides, tiles_per_program,
+    )  # fmt: skip
 
 
 def _empty_cast(
@@ -262,7 +283,7 @@ def _empty_cast_t(
     ops' outputs stay contiguous, since with a transposed output Inductor's generated
     code asserted contiguous strides once shapes turned dynamic (torch 2.13)."""
     m, k = x_shape
-    qdata_t, _ = _empty_cast((k, m), fmt, block_size, device)
+    qdata_t = torch.empty(k, m // 2 if fmt.is_packed else m, dtype=fmt.storage_dtype, device=device)
     scale_buf = torch.empty(m // block_size, k, dtype=torch.float8_e8m0fnu, device=device)
     return qdata_t, scale_buf
 
@@ -290,27 +311,17 @@ def _reference_t(x, fmt, block_size, scale_mode):
     return qdata_t, scale_t.t().contiguous()
 
 
-@torch.library.custom_op("mx::quantize_rowwise", mutates_args=())
-def _quantize_rowwise_op(
-    x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_rowwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
     f = get_format(fmt)
     if _choose("quantize_rowwise", backend, x, f, block_size, (-1,)) == "reference":
         return _reference(x, f, block_size, scale_mode)
     qdata, scale = _empty_cast(x.shape, f, block_size, x.device)
-    _launch(x.reshape(-1, x.shape[-1]), f, block_size, scale_mode, qdata, scale, None, None)
+    x2d = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    _launch(x2d, f, block_size, scale_mode, qdata, scale, None, None)
     return qdata, scale
 
 
-@_quantize_rowwise_op.register_fake
-def _(x, fmt, block_size, scale_mode, backend):
-    return _empty_cast(x.shape, get_format(fmt), block_size, x.device)
-
-
-@torch.library.custom_op("mx::quantize_colwise", mutates_args=())
-def _quantize_colwise_op(
-    x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_colwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
     f = get_format(fmt)
     if _choose("quantize_colwise", backend, x, f, block_size, (0,)) == "reference":
         return _reference_t(x, f, block_size, scale_mode)
@@ -319,15 +330,7 @@ def _quantize_colwise_op(
     return q_t, s_t
 
 
-@_quantize_colwise_op.register_fake
-def _(x, fmt, block_size, scale_mode, backend):
-    return _empty_cast_t(x.shape, get_format(fmt), block_size, x.device)
-
-
-@torch.library.custom_op("mx::quantize_both", mutates_args=())
-def _quantize_both_op(
-    x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_both_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
     f = get_format(fmt)
     if _choose("quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
         q_row, s_row = _reference(x, f, block_size, scale_mode)
@@ -335,8 +338,9 @@ def _quantize_both_op(
     if f.is_packed and x.stride(1) != 1:
         # On the H200 (triton 3.6) the fused cast wrote wrong columnwise scales and codes
         # for fp4 from an fp32 x strided along K (x.t() of a contiguous tensor), while
-        # from a contiguous x it was exact (BENCHMARKS.md, session 6; reproducer:
-        # tools/bench/repro_both_fp4.py). Until that is understood, it reads a copy.
+        # from a contiguous x it was exact (BENCHMARKS.md, 2026-12-03 'Casts: word
+        # stores'; reproducer: tools/bench/repro_both_fp4.py). Until that is understood,
+        # it reads a copy.
         log_choice("quantize_both", "triton", x.device.type, "fp4, x strided along K: copy")
         x = x.contiguous()
     q_row, s_row_buf, q_col, s_col = _empty_both(x.shape, f, block_size, x.device)
@@ -344,24 +348,50 @@ def _quantize_both_op(
     return q_row, s_row_buf, q_col, s_col
 
 
-@_quantize_both_op.register_fake
-def _(x, fmt, block_size, scale_mode, backend):
-    return _empty_both(x.shape, get_format(fmt), block_size, x.device)
+_CAST_ARGS = "(Tensor x, str fmt, SymInt block_size, str scale_mode, str backend)"
+QUANTIZE_ROWWISE = define_op(
+    f"quantize_rowwise{_CAST_ARGS} -> (Tensor, Tensor)",
+    _quantize_rowwise_impl,
+    lambda x, fmt, block_size, scale_mode, backend: _empty_cast(
+        x.shape, get_format(fmt), block_size, x.device
+    ),
+)
+QUANTIZE_COLWISE = define_op(
+    f"quantize_colwise{_CAST_ARGS} -> (Tensor, Tensor)",
+    _quantize_colwise_impl,
+    lambda x, fmt, block_size, scale_mode, backend: _empty_cast_t(
+        x.shape, get_format(fmt), block_size, x.device
+    ),
+)
+QUANTIZE_BOTH = define_op(
+    f"quantize_both{_CAST_ARGS} -> (Tensor, Tensor, Tensor, Tensor)",
+    _quantize_both_impl,
+    lambda x, fmt, block_size, scale_mode, backend: _empty_both(
+        x.shape, get_format(fmt), block_size, x.device
+    ),
+)
 
 
-def _check(
-    fn: str, x, fmt, block_size, scale_mode, backend, *, dims: tuple[int, ...]
-) -> tuple[str, str]:
-    """Validate arguments; ``dims`` are the dims blocked (any rank for (-1,), else 2-D)."""
-    name = get_format(fmt).name
-    mode = get_scale_mode(scale_mode).value
+def _check(fn: str, x, fmt, block_size, scale_mode, backend) -> tuple[str, str]:
+    """Validate the public functions' arguments that the op bodies do not see as
+    tensors; returns the format's and the scale mode's canonical names. The shape
+    checks run in the op bodies (:func:`_choose`), on the tensors that really run."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"{fn}: block_size must be an int, got {type(block_size).__name__}")
+    names = _names.__wrapped__ if torch.compiler.is_compiling() else _names  # dynamo: no caches
+    try:
+        return names(fmt, scale_mode, backend)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{fn}: {e}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _names(fmt, scale_mode, backend) -> tuple[str, str]:
     if backend not in BACKENDS:
-        raise ValueError(f"{fn}: backend={backend!r} is not one of {', '.join(BACKENDS)}")
-    if dims != (-1,) and isinstance(x, torch.Tensor) and x.dim() != 2:
-        raise ValueError(f"{fn}: x must be 2-D [M, K], got shape {tuple(x.shape)}")
-    for dim in dims:
-        mx_core.check_quantize_args(x, block_size, dim, fn=fn)
-    return name, mode
+        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    return get_format(fmt).name, get_scale_mode(scale_mode).value
 
 
 def quantize_rowwise(
@@ -383,8 +413,10 @@ def quantize_rowwise(
         [..., K // block_size] float8_e8m0fnu; both contiguous. Equal to
         ``mx_core.quantize(x, fmt, dim=-1, ...)``'s ``qdata`` and ``scale``.
     """
-    name, mode = _check("quantize_rowwise", x, fmt, block_size, scale_mode, backend, dims=(-1,))
-    return torch.ops.mx.quantize_rowwise(x, name, block_size, mode, backend)
+    name, mode = _check("quantize_rowwise", x, fmt, block_size, scale_mode, backend)
+    if may_skip_dispatch(x):
+        return _quantize_rowwise_impl(x, name, block_size, mode, backend)
+    return QUANTIZE_ROWWISE(x, name, block_size, mode, backend)
 
 
 def quantize_colwise(
@@ -410,8 +442,9 @@ def quantize_colwise(
     It is also the layout Transformer Engine keeps columnwise MXFP8 scales in. Call
     ``scale_t.contiguous()`` for a row-major copy.
     """
-    name, mode = _check("quantize_colwise", x, fmt, block_size, scale_mode, backend, dims=(0,))
-    qdata_t, scale_buf = torch.ops.mx.quantize_colwise(x, name, block_size, mode, backend)
+    name, mode = _check("quantize_colwise", x, fmt, block_size, scale_mode, backend)
+    op = _quantize_colwise_impl if may_skip_dispatch(x) else QUANTIZE_COLWISE
+    qdata_t, scale_buf = op(x, name, block_size, mode, backend)
     return qdata_t, scale_buf.t()
 
 
@@ -438,8 +471,7 @@ def quantize_both(
     the cast 6-8% faster on the H200 (BENCHMARKS.md). ``dequantize_rowwise`` and
     ``scaled_mm`` take either layout; call ``s_row.contiguous()`` for a row-major copy.
     """
-    name, mode = _check("quantize_both", x, fmt, block_size, scale_mode, backend, dims=(-1, 0))
-    q_row, s_row_buf, q_col_t, s_col_buf = torch.ops.mx.quantize_both(
-        x, name, block_size, mode, backend
-    )
+    name, mode = _check("quantize_both", x, fmt, block_size, scale_mode, backend)
+    op = _quantize_both_impl if may_skip_dispatch(x) else QUANTIZE_BOTH
+    q_row, s_row_buf, q_col_t, s_col_buf = op(x, name, block_size, mode, backend)
     return q_row, s_row_buf.t(), q_col_t, s_col_buf.t()

@@ -254,7 +254,8 @@ def _cast_tile(
             offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
             s_mask = (offs_r[:, None] < M) & (offs_s[None, :] < K // BS)
             # Column-major through the runtime strides (stride_sm == 1, specialised by
-            # Triton): the exact form measured on the H200 (BENCHMARKS.md, session 4).
+            # Triton): the exact form measured on the H200 (BENCHMARKS.md,
+            # 2026-12-03 'Casts: column-major rowwise scales').
             if S_ROW_T:
                 s_ptrs = s_row_ptr + offs_r[:, None] * stride_sm + offs_s[None, :] * stride_sk
             else:

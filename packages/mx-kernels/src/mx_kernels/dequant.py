@@ -15,6 +15,7 @@ import torch
 
 from mx_core import MXTensor, get_format
 from mx_kernels.backend import BACKENDS, TRITON_BLOCK_SIZES, resolve_backend_for
+from mx_kernels.library import define_op
 
 __all__ = ["DEQUANT_DTYPES", "dequantize_rowwise"]
 
@@ -51,7 +52,7 @@ def dequantize_rowwise(
     """
     name = get_format(fmt).name
     _check(qdata, scale, name, block_size, out_dtype, backend)
-    return torch.ops.mx.dequantize_rowwise(
+    return DEQUANTIZE_ROWWISE(
         qdata.view(torch.uint8), scale.view(torch.uint8), name, block_size, out_dtype, backend
     )
 
@@ -94,8 +95,7 @@ def _triton_gap(fmt: str, block_size: int) -> str | None:
     return None
 
 
-@torch.library.custom_op("mx::dequantize_rowwise", mutates_args=())
-def _dequantize_rowwise_op(
+def _dequantize_rowwise_impl(
     q_bytes: torch.Tensor,
     scale_bytes: torch.Tensor,
     fmt: str,
@@ -118,10 +118,17 @@ def _dequantize_rowwise_op(
     return dequantize_triton(q_bytes, scale_bytes, fmt, block_size, out_dtype)
 
 
-@_dequantize_rowwise_op.register_fake
-def _(q_bytes, scale_bytes, fmt, block_size, out_dtype, backend):
+def _dequantize_rowwise_fake(q_bytes, scale_bytes, fmt, block_size, out_dtype, backend):
     k = scale_bytes.shape[-1] * block_size
     return q_bytes.new_empty((*q_bytes.shape[:-1], k), dtype=out_dtype)
+
+
+DEQUANTIZE_ROWWISE = define_op(
+    "dequantize_rowwise(Tensor q_bytes, Tensor scale_bytes, str fmt, SymInt block_size, "
+    "ScalarType out_dtype, str backend) -> Tensor",
+    _dequantize_rowwise_impl,
+    _dequantize_rowwise_fake,
+)
 
 
 def dequantize_triton(

@@ -16,7 +16,8 @@ import torch
 
 import mx_core
 from mx_core import get_format
-from mx_kernels.cast import _check, _choose, _launch
+from mx_kernels.cast import _CAST_ARGS, _check, _choose, _launch
+from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["fake_quantize_both", "fake_quantize_colwise", "fake_quantize_rowwise"]
 
@@ -34,41 +35,24 @@ def _triton(x2d, fmt: str, block_size: int, scale_mode: str, rowwise: bool, colw
     return row, col
 
 
-@torch.library.custom_op("mx::fake_quantize_rowwise", mutates_args=())
-def _fake_quantize_rowwise_op(
-    x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
-) -> torch.Tensor:
+def _fake_quantize_rowwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
     f = get_format(fmt)
     if _choose("fake_quantize_rowwise", backend, x, f, block_size, (-1,)) == "reference":
         return _reference(x, fmt, block_size, scale_mode, -1).contiguous()
+    if x.dim() == 2:
+        return _triton(x, fmt, block_size, scale_mode, True, False)[0]
     row, _ = _triton(x.reshape(-1, x.shape[-1]), fmt, block_size, scale_mode, True, False)
     return row.view(x.shape)
 
 
-@_fake_quantize_rowwise_op.register_fake
-def _(x, fmt, block_size, scale_mode, backend):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("mx::fake_quantize_colwise", mutates_args=())
-def _fake_quantize_colwise_op(
-    x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
-) -> torch.Tensor:
+def _fake_quantize_colwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
     f = get_format(fmt)
     if _choose("fake_quantize_colwise", backend, x, f, block_size, (0,)) == "reference":
         return _reference(x, fmt, block_size, scale_mode, 0).contiguous()
     return _triton(x, fmt, block_size, scale_mode, False, True)[1]
 
 
-@_fake_quantize_colwise_op.register_fake
-def _(x, fmt, block_size, scale_mode, backend):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("mx::fake_quantize_both", mutates_args=())
-def _fake_quantize_both_op(
-    x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, backend: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _fake_quantize_both_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
     f = get_format(fmt)
     if _choose("fake_quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
         return (
@@ -78,12 +62,21 @@ def _fake_quantize_both_op(
     return _triton(x, fmt, block_size, scale_mode, True, True)
 
 
-@_fake_quantize_both_op.register_fake
-def _(x, fmt, block_size, scale_mode, backend):
-    def out():
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
+def _like(x, fmt, block_size, scale_mode, backend):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-    return out(), out()
+
+FAKE_QUANTIZE_ROWWISE = define_op(
+    f"fake_quantize_rowwise{_CAST_ARGS} -> Tensor", _fake_quantize_rowwise_impl, _like
+)
+FAKE_QUANTIZE_COLWISE = define_op(
+    f"fake_quantize_colwise{_CAST_ARGS} -> Tensor", _fake_quantize_colwise_impl, _like
+)
+FAKE_QUANTIZE_BOTH = define_op(
+    f"fake_quantize_both{_CAST_ARGS} -> (Tensor, Tensor)",
+    _fake_quantize_both_impl,
+    lambda *args: (_like(*args), _like(*args)),
+)
 
 
 def fake_quantize_rowwise(
@@ -104,9 +97,9 @@ def fake_quantize_rowwise(
         [..., K] contiguous, x's dtype; equal to
         ``mx_core.quantize(x, fmt, dim=-1, ...).dequantize(x.dtype)``.
     """
-    name, mode = _check("fake_quantize_rowwise", x, fmt, block_size, scale_mode, backend,
-                        dims=(-1,))  # fmt: skip
-    return torch.ops.mx.fake_quantize_rowwise(x, name, block_size, mode, backend)
+    name, mode = _check("fake_quantize_rowwise", x, fmt, block_size, scale_mode, backend)
+    op = _fake_quantize_rowwise_impl if may_skip_dispatch(x) else FAKE_QUANTIZE_ROWWISE
+    return op(x, name, block_size, mode, backend)
 
 
 def fake_quantize_colwise(
@@ -122,9 +115,9 @@ def fake_quantize_colwise(
     Returns:
         [M, K] contiguous; equal to ``mx_core.quantize(x, fmt, dim=0, ...).dequantize(x.dtype)``.
     """
-    name, mode = _check("fake_quantize_colwise", x, fmt, block_size, scale_mode, backend,
-                        dims=(0,))  # fmt: skip
-    return torch.ops.mx.fake_quantize_colwise(x, name, block_size, mode, backend)
+    name, mode = _check("fake_quantize_colwise", x, fmt, block_size, scale_mode, backend)
+    op = _fake_quantize_colwise_impl if may_skip_dispatch(x) else FAKE_QUANTIZE_COLWISE
+    return op(x, name, block_size, mode, backend)
 
 
 def fake_quantize_both(
@@ -137,6 +130,6 @@ def fake_quantize_both(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fake_quantize_rowwise` and :func:`fake_quantize_colwise` of a 2-D x [M, K]
     from one read of x. Returns ``(rowwise [M, K], colwise [M, K])``."""
-    name, mode = _check("fake_quantize_both", x, fmt, block_size, scale_mode, backend,
-                        dims=(-1, 0))  # fmt: skip
-    return torch.ops.mx.fake_quantize_both(x, name, block_size, mode, backend)
+    name, mode = _check("fake_quantize_both", x, fmt, block_size, scale_mode, backend)
+    op = _fake_quantize_both_impl if may_skip_dispatch(x) else FAKE_QUANTIZE_BOTH
+    return op(x, name, block_size, mode, backend)

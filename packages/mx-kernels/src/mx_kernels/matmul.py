@@ -37,6 +37,7 @@ import torch
 
 from mx_core import MXTensor, get_format
 from mx_kernels.backend import MATMUL_BACKENDS, log_choice, resolve_matmul_backend
+from mx_kernels.library import define_op
 from mx_kernels.swizzle import swizzle_scales
 
 __all__ = [
@@ -118,7 +119,7 @@ def scaled_mm(
     # which CPU float8 lacks, and gloo refuses float8; the views cost nothing.
     a_fmt, b_fmt = _FORMATS[a_q.dtype], _FORMATS[b_q.dtype]
     u8 = torch.uint8
-    return torch.ops.mx.scaled_mm(
+    return SCALED_MM(
         a_q.view(u8), a_scale.view(u8), a_fmt, b_q.view(u8), b_scale.view(u8), b_fmt,
         out_dtype, backend,
     )  # fmt: skip
@@ -231,8 +232,7 @@ def _check_scale(name: str, scale: torch.Tensor, shape: tuple[int, int], rows: s
         )
 
 
-@torch.library.custom_op("mx::scaled_mm", mutates_args=())
-def _scaled_mm_op(
+def _scaled_mm_impl(
     a_bytes: torch.Tensor,
     a_scale_bytes: torch.Tensor,
     a_fmt: str,
@@ -267,9 +267,18 @@ def _scaled_mm_op(
     return scaled_mm_triton(a_q, a_scale, b_q, b_scale, out_dtype, design=design)
 
 
-@_scaled_mm_op.register_fake
-def _(a_bytes, a_scale_bytes, a_fmt, b_bytes, b_scale_bytes, b_fmt, out_dtype, backend):
+def _scaled_mm_fake(
+    a_bytes, a_scale_bytes, a_fmt, b_bytes, b_scale_bytes, b_fmt, out_dtype, backend
+):
     return a_bytes.new_empty((a_bytes.shape[0], b_bytes.shape[0]), dtype=out_dtype)
+
+
+SCALED_MM = define_op(
+    "scaled_mm(Tensor a_bytes, Tensor a_scale_bytes, str a_fmt, Tensor b_bytes, "
+    "Tensor b_scale_bytes, str b_fmt, ScalarType out_dtype, str backend) -> Tensor",
+    _scaled_mm_impl,
+    _scaled_mm_fake,
+)
 
 
 _STORAGE = {

@@ -79,6 +79,12 @@ class MXLinearConfig:
     """``"auto"``, ``"mx"`` or ``"fake_quant"`` (module doc). ``"fake_quant"`` runs the
     fused path on any device, CPU included (how CPU tests cover it); it takes no fp16
     input, whose fake-quantized values can leave fp16's range."""
+    reuse_weight_casts: bool = False
+    """Keep each weight's casts while the weight is unchanged (same storage and version
+    counter: an optimizer step or ``load_state_dict`` invalidates them), so the
+    micro-batches of gradient accumulation after the first skip them. Eager only. Costs
+    memory: every layer's weight casts stay alive (the fused path keeps two copies of
+    the weight in its dtype). Not for FSDP, whose gathered weights are new each step."""
 
     def __post_init__(self) -> None:
         for name in ("input_fmt", "weight_fmt", "grad_output_fmt"):
@@ -96,7 +102,7 @@ class MXLinearConfig:
             raise ValueError(
                 f"cast_backend={self.cast_backend!r} is not one of {', '.join(BACKENDS)}"
             )
-        for name in ("hp_weight_grad", "save_mx_activations"):
+        for name in ("hp_weight_grad", "save_mx_activations", "reuse_weight_casts"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.compute_path not in COMPUTE_PATHS:

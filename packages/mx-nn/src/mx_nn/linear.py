@@ -10,6 +10,10 @@ dY [M, N]); the cast of a tensor needed in both orientations is one pass
   from forward); dW = scaled_mm(dY^T, X^T) (blocks along M; X columnwise, cast again from
   the saved X unless its MX cast was saved) or dY^T X in high precision.
 
+Layers that read the same input tensor (q/k/v, gate/up) share its casts: each cast of
+the input is made once and reused while the tensor is unchanged (:mod:`mx_nn.cast_cache`;
+under torch.compile the compiler merges the identical casts).
+
 Rows are padded with zeros to a multiple of the block size where a cast runs along M
 (zeros add nothing to dW). fp6 formats and block sizes other than 32 have no MX GEMM:
 they dequantize and multiply in fp32 (logged once).
@@ -21,7 +25,8 @@ runs on the local shards and nothing is communicated inside the layer. The outpu
 Shard(-1) when the weight is Shard(0) (colwise), Partial when the input and weight
 are sharded along K (rowwise), sharded as the input along M when M is. Folding the
 leading dims into M keeps a sharded sequence dim sharded (DTensor turns it into a
-strided shard); padding an unsharded M is local to each rank. The layer refuses, naming
+strided shard, pytorch/pytorch#166483; a torch without that refuses the reshape
+rather than gathering); padding an unsharded M is local to each rank. The layer refuses, naming
 itself, a shard that would split an MX block: in_features or out_features per rank, or
 tokens per rank where M is sharded (and the colwise casts need blocks along M), not a
 multiple of the block size; and a Partial input.
@@ -49,6 +54,7 @@ import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 import mx_kernels
 from mx_core import MXTensor, get_format
 from mx_kernels.matmul import bf16_gemm, bf16_gemm_design
+from mx_nn.cast_cache import cast_shared
 from mx_nn.config import MXLinearConfig
 from mx_nn.placements import check_placements
 
@@ -64,6 +70,27 @@ def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     return fn(x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend)
 
 
+def _cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig):
+    """:func:`_cast` of the weight, kept while it is unchanged if the config asks. Only
+    a Parameter's: a weight converted per step (autocast to another dtype) is new each
+    time, and keeping its casts would keep every copy."""
+    if not (c.reuse_weight_casts and isinstance(weight, nn.Parameter)):
+        return _cast(fn, weight, fmt, c)
+    mode, backend = c.scale_mode_name, c.cast_backend
+    site = f"weight {id(weight)}"  # one entry per weight; it holds the weight alive
+    return cast_shared(site, fn, weight, fmt, block_size=c.block_size, scale_mode=mode,
+                       backend=backend)  # fmt: skip
+
+
+def _cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
+    """:func:`_cast` of the layer's input, shared with the other layers that read the
+    same tensor (q/k/v, gate/up; :mod:`mx_nn.cast_cache`)."""
+    mode, backend = c.scale_mode_name, c.cast_backend
+    return cast_shared(
+        fn.__name__, fn, x, fmt, block_size=c.block_size, scale_mode=mode, backend=backend
+    )
+
+
 def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     """x [M, K] with zero rows appended up to a multiple of ``multiple``."""
     extra = -x.shape[0] % multiple
@@ -72,7 +99,7 @@ def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     if not isinstance(x, DTensor):
         return F.pad(x, (0, 0, 0, extra))
     # M is not sharded here: a sharded M holds whole blocks or MXLinear refused it
-    # (_check_sharding), so it needs no padding. Each rank pads its own rows.
+    # (mx_nn.placements), so it needs no padding. Each rank pads its own rows.
     if any(getattr(p, "dim", None) == 0 for p in x.placements):
         raise ValueError(f"MXLinear: rows sharded as {x.placements} cannot be padded locally")
     m, k = x.shape
@@ -116,15 +143,15 @@ class _MXLinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         m = x2.shape[0]
         if c.save_mx_activations and c.needs_colwise_input:
-            x_q, x_s, xt_q, xt_s = _cast(
+            x_q, x_s, xt_q, xt_s = _cast_input(
                 mx_kernels.quantize_both, _pad_rows(x2, c.block_size), c.input_fmt, c
             )
             x_q, x_s = x_q[:m], x_s[:m]
             saved_x = (xt_q, xt_s)
         else:
-            x_q, x_s = _cast(mx_kernels.quantize_rowwise, x2, c.input_fmt, c)
+            x_q, x_s = _cast_input(mx_kernels.quantize_rowwise, x2, c.input_fmt, c)
             saved_x = (x2,)
-        w_q, w_s, wt_q, wt_s = _cast(mx_kernels.quantize_both, weight, c.weight_fmt, c)
+        w_q, w_s, wt_q, wt_s = _cast_weight(mx_kernels.quantize_both, weight, c.weight_fmt, c)
         y = _gemm((x_q, x_s), c.input_fmt, (w_q, w_s), c.weight_fmt, x.dtype, c)
         ctx.save_for_backward(wt_q, wt_s, *saved_x)
         # No shapes on ctx (SymInts there trip torch 2.11's dynamo, as in check_scaled_mm_args).
@@ -153,7 +180,7 @@ class _MXLinearFunction(torch.autograd.Function):
                     xt_q, xt_s = saved_x
                 else:
                     (x2,) = saved_x
-                    xt_q, xt_s = _cast(
+                    xt_q, xt_s = _cast_input(
                         mx_kernels.quantize_colwise, _pad_rows(x2, c.block_size), c.input_fmt, c
                     )
                 grad_w = _gemm(
@@ -175,8 +202,8 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        xf = _cast(mx_kernels.fake_quantize_rowwise, x2, c.input_fmt, c)
-        wf_row, wf_col = _cast(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
+        xf = _cast_input(mx_kernels.fake_quantize_rowwise, x2, c.input_fmt, c)
+        wf_row, wf_col = _cast_weight(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
         y = bf16_gemm(xf, wf_row.t(), x.dtype)
         ctx.save_for_backward(wf_col, x2)
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
@@ -199,7 +226,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
             dyf = dyf[:m]
             if ctx.needs_input_grad[1]:
                 x_pad = _pad_rows(x2, c.block_size)
-                xf_col = _cast(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
+                xf_col = _cast_input(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
                 grad_w = bf16_gemm(dyf_col.t(), xf_col, ctx.w_dtype)
         if ctx.needs_input_grad[0]:
             grad_x = bf16_gemm(dyf, wf_col, ctx.x_dtype)

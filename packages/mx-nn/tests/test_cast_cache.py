@@ -1,0 +1,148 @@
+"""Layers that read one input (q/k/v, gate/up) share its casts: eager through
+mx_nn.cast_cache, compiled through the compiler's common-subexpression elimination."""
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import mx_kernels
+import mx_nn
+from mx_nn.cast_cache import cast_shared, clear_cast_cache
+
+PATHS = ["fake_quant", "mx"]
+
+
+def _layers(path: str, n: int = 3) -> nn.ModuleList:
+    torch.manual_seed(0)
+    config = mx_nn.MXLinearConfig(compute_path=path)
+    return nn.ModuleList(
+        mx_nn.MXLinear(128, 64, bias=False, config=config, dtype=torch.bfloat16) for _ in range(n)
+    )
+
+
+def _step(layers, x):
+    x = x.detach().requires_grad_()
+    y = sum((layer(x).float() ** 2).sum() for layer in layers)
+    y.backward()
+    return y.detach(), x.grad, [layer.weight.grad for layer in layers]
+
+
+def _counting(monkeypatch, names):
+    calls = {n: 0 for n in names}
+    for name in names:
+        fn = getattr(mx_kernels, name)
+
+        @functools.wraps(fn)
+        def counted(*args, _fn=fn, _name=name, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(mx_kernels, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_shared_input_is_cast_once_per_orientation_with_the_same_results(path, monkeypatch):
+    layers = _layers(path)
+    x = torch.randn(2, 32, 128, dtype=torch.bfloat16)
+    with monkeypatch.context() as m:  # every layer casts for itself
+        m.setattr("mx_nn.linear.cast_shared", lambda site, cast, x, *a, **k: cast(x, *a, **k))
+        want = _step(layers, x)
+    for layer in layers:
+        layer.weight.grad = None
+    names = (
+        ["fake_quantize_rowwise", "fake_quantize_colwise"]
+        if path == "fake_quant"
+        else ["quantize_rowwise", "quantize_colwise"]
+    )
+    calls = _counting(monkeypatch, names)
+    clear_cast_cache()
+    got = _step(layers, x)
+    assert calls == {names[0]: 1, names[1]: 1}
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for gw, want_gw in zip(got[2], want[2], strict=True):
+        assert torch.equal(gw, want_gw)
+
+
+def test_a_changed_or_different_tensor_is_cast_again():
+    calls = []
+
+    def cast(x, scale):
+        calls.append(1)
+        return x * scale
+
+    clear_cast_cache()
+    x = torch.randn(4, 32)
+    first = cast_shared("site", cast, x, 2.0)
+    assert cast_shared("site", cast, x, 2.0) is first and len(calls) == 1
+    assert cast_shared("site", cast, x, 3.0) is not first  # other arguments
+    x.add_(1.0)  # an in-place change bumps the version counter
+    assert torch.equal(cast_shared("site", cast, x, 3.0), x * 3.0)
+    assert torch.equal(cast_shared("site", cast, x.clone(), 3.0), x * 3.0)
+    assert torch.equal(cast_shared("site", cast, x[1:], 3.0), x[1:] * 3.0)  # another view
+    assert len(calls) == 5
+    clear_cast_cache()
+
+
+def test_compiled_layers_sharing_an_input_hold_one_cast_per_orientation():
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    layers = _layers("fake_quant")
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return make_boxed_func(gm)
+
+    def backend(gm, example_inputs):
+        # Inductor's partitioner, which runs the common-subexpression elimination.
+        return aot_module_simplified(
+            gm, example_inputs, fw_compiler=record, bw_compiler=record,
+            partition_fn=min_cut_rematerialization_partition,
+        )  # fmt: skip
+
+    x = torch.randn(64, 128, dtype=torch.bfloat16, requires_grad=True)
+    loss = torch.compile(lambda x: sum((layer(x).float() ** 2).sum() for layer in layers),
+                         backend=backend, fullgraph=True)  # fmt: skip
+    loss(x).backward()
+    assert len(graphs) == 2  # forward, backward
+    ops = graphs[0] + graphs[1]
+    # x's two casts once for the three layers (the partitioner may move the columnwise
+    # one into the forward graph and save its result instead of x).
+    assert ops.count("mx.fake_quantize_rowwise.default") == 1
+    assert ops.count("mx.fake_quantize_colwise.default") == 1
+    # Three weights and three dY; the partitioner may recompute weight casts rather
+    # than save them.
+    assert ops.count("mx.fake_quantize_both.default") in (6, 9)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_reused_weight_casts_until_a_step_or_a_load_changes_the_weight(path, monkeypatch):
+    torch.manual_seed(0)
+    config = mx_nn.MXLinearConfig(compute_path=path, reuse_weight_casts=True)
+    layer = mx_nn.MXLinear(128, 64, bias=False, config=config, dtype=torch.bfloat16)
+    plain = mx_nn.MXLinear.from_linear(layer, mx_nn.MXLinearConfig(compute_path=path))
+    name = "fake_quantize_both" if path == "fake_quant" else "quantize_both"
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    clear_cast_cache()
+    calls = _counting(monkeypatch, [name])
+    xs = [torch.randn(32, 128, dtype=torch.bfloat16) for _ in range(3)]
+    for x in xs:  # three micro-batches: the weight's casts are made once
+        layer(x).sum().backward()
+    weight_casts = calls[name] - 3  # each backward casts its dY with the same op
+    assert weight_casts == 1
+    for change in (
+        opt.step,  # an in-place update: cast again, and the output follows the new weight
+        lambda: layer.load_state_dict({"weight": torch.randn(64, 128, dtype=torch.bfloat16)}),
+    ):
+        change()
+        with torch.no_grad():
+            want = plain(xs[0])  # never reuses: casts the weight as it is now
+            before = calls[name]
+            assert torch.equal(layer(xs[0]), want)
+            assert calls[name] == before + 1
+    clear_cast_cache()

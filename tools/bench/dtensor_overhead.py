@@ -1,0 +1,233 @@
+"""MXLinear through the DTensor sharding rules at tp=1 against plain tensors (one GPU).
+
+A one-rank CUDA mesh (NCCL, world size 1). Two parts:
+
+1. Check: the Llama-style block of packages/mx-nn/tests/test_tensor_parallel.py (GQA
+   attention, SwiGLU MLP, RMSNorm), converted to MX and parallelized with torchtitan's
+   plan, against the same block on plain tensors: outputs and every gradient bit for
+   bit, for compute_path "auto" (on sm90 the fused fake-quantize path) and "mx", eager
+   and with torch.compile(fullgraph=True) (compiled against compiled). The nn.Linear
+   block is the control: where it differs from its own plain run, the MX block may too
+   (on CPU, one rank, the nn.Linear block's input and attention gradients differ in the
+   last bits eager and match compiled; the cause lies in PyTorch's styles or DTensor's
+   ops, not in the mx rules).
+2. Time: forward + backward (median ms, triton.testing.do_bench) of one MXLinear on
+   plain tensors and on DTensors as ColwiseParallel / RowwiseParallel hand them to the
+   layer (weight Shard(0) and input Replicate; weight Shard(1) and input Shard(-1)), at
+   16384x4096x4096 and at the per-rank shapes of a Llama-3-8B layer at TP=4 and TP=8
+   (8192 tokens: q 4096->4096/tp, k/v 4096->1024/tp, o 4096/tp->4096, gate/up
+   4096->14336/tp, down 14336/tp->4096). Each DTensor result is bit-compared with the
+   plain one too. Target: DTensor / plain <= 1.03.
+
+Usage: python tools/bench/dtensor_overhead.py [--quick] [--compile] [--recipe mxfp8]
+       [--skip-block]
+Writes the table to $OUT/dtensor_overhead.md too when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import logging
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import triton
+from report import publish
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import parallelize_module
+
+import mx_nn
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = 1.03
+TOKENS = 8192
+
+
+def llama3_8b_shapes(tp: int) -> list[tuple[str, str, int, int, int]]:
+    """(layer, style, M, K, N) per rank of a Llama-3-8B layer at tensor parallelism tp."""
+    d, kv, ffn = 4096, 1024, 14336
+    return [
+        (f"q tp{tp}", "colwise", TOKENS, d, d // tp),
+        (f"k/v tp{tp}", "colwise", TOKENS, d, kv // tp),
+        (f"o tp{tp}", "rowwise", TOKENS, d // tp, d),
+        (f"gate/up tp{tp}", "colwise", TOKENS, d, ffn // tp),
+        (f"down tp{tp}", "rowwise", TOKENS, ffn // tp, d),
+    ]
+
+
+def shapes(quick: bool) -> list[tuple[str, str, int, int, int]]:
+    big = [("square", "colwise", 16384, 4096, 4096)]
+    return big if quick else big + llama3_8b_shapes(4) + llama3_8b_shapes(8)
+
+
+def load_block_module():
+    """The test module that defines the Llama-style block and torchtitan's plan."""
+    path = ROOT / "packages/mx-nn/tests/test_tensor_parallel.py"
+    spec = importlib.util.spec_from_file_location("mx_tp_block", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def same(a, b) -> bool:
+    a = a.full_tensor() if isinstance(a, DTensor) else a
+    b = b.full_tensor() if isinstance(b, DTensor) else b
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+def block_differences(mesh, config, compiled: bool) -> list[str]:
+    """Results of the parallelized block (one rank) that are not bit-identical to the
+    same block on plain tensors. ``config`` None: the nn.Linear block (the control)."""
+    tb = load_block_module()
+    torch.manual_seed(0)
+    block = tb.Block().to(device="cuda", dtype=torch.bfloat16)
+    plain = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
+    tp = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
+    tp = parallelize_module(tp, mesh, tb._plan())
+    params = dict(plain.named_parameters())
+    tp_params = dict(tp.named_parameters())
+    if compiled:
+        plain, tp = torch.compile(plain, fullgraph=True), torch.compile(tp, fullgraph=True)
+    x = torch.randn(2, 64, tb.DIM, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn_like(x)
+    outs = []
+    for module in (plain, tp):
+        xx = x.clone().requires_grad_()
+        y = module(xx)
+        y.backward(grad)
+        outs.append((y, xx.grad))
+    (y0, g0), (y1, g1) = outs
+    named = {"out": (y0, y1), "grad_input": (g0, g1)}
+    named |= {name: (params[name].grad, p.grad) for name, p in tp_params.items()}
+    return [name for name, (a, b) in named.items() if not same(a, b)]
+
+
+def check_block(mesh, recipe: str, compiled: bool) -> list[str]:
+    """Failures of the block check: results of the MX block that differ from its
+    plain-tensor run where the nn.Linear block under the same plan does not. (PyTorch's
+    styles change the order in which autograd sums some gradients, even on one rank:
+    the nn.Linear block's input and attention gradients can differ in the last bit.)"""
+    mode = "compiled" if compiled else "eager"
+    control = set(block_differences(mesh, None, compiled))
+    print(f"block check, {mode}, nn.Linear control: differ {sorted(control) or 'nowhere'}")
+    failures = []
+    for path in ("auto", "mx"):
+        config = mx_nn.MXLinearConfig.from_recipe(recipe, compute_path=path)
+        bad = block_differences(mesh, config, compiled)
+        extra = [name for name in bad if name not in control]
+        print(
+            f"block check, {mode}, compute_path={path}: differ {bad or 'nowhere'}"
+            + (f"; NOT in the control: {extra}" if extra else "")
+        )
+        failures += [f"{mode} {path} {name}" for name in extra]
+    return failures
+
+
+def layer_pair(mesh, style: str, m: int, k: int, n: int, recipe: str):
+    """(plain MXLinear, its input), (the DTensor MXLinear, its input), grad, DTensor grad."""
+    config = mx_nn.MXLinearConfig.from_recipe(recipe)
+    lin = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
+    plain = mx_nn.MXLinear.from_linear(lin, config)
+    dt = mx_nn.MXLinear.from_linear(copy.deepcopy(lin), config)
+    w_place, x_place = (
+        ([Shard(0)], [Replicate()]) if style == "colwise" else ([Shard(1)], [Shard(1)])
+    )
+    dt.weight = torch.nn.Parameter(distribute_tensor(dt.weight.detach(), mesh, w_place))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x_dt = distribute_tensor(x.detach(), mesh, x_place).requires_grad_()
+    grad = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    g_place = [Shard(1)] if style == "colwise" else [Replicate()]
+    return (plain, x), (dt, x_dt), grad, distribute_tensor(grad, mesh, g_place)
+
+
+def layer_results_equal(plain, x, dt, x_dt, grad, grad_dt) -> bool:
+    """One forward + backward of each: output, input grad and weight grad bit-equal."""
+    results = []
+    for module, xx, g in ((plain, x, grad), (dt, x_dt, grad_dt)):
+        y = module(xx)
+        y.backward(g)
+        if isinstance(y, DTensor):  # rowwise: Partial over one rank
+            y = y.redistribute(y.device_mesh, [Replicate()])
+        results.append((y, xx.grad, module.weight.grad))
+        xx.grad = module.weight.grad = None
+    return all(same(a, b) for a, b in zip(*results, strict=True))
+
+
+def time_step(module, x, grad, params) -> float:
+    def step():
+        y = module(x)
+        y.backward(grad)
+
+    step()  # compile / warm up
+    return triton.testing.do_bench(step, grad_to_none=[x, *params], return_mode="median")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one shape (16384x4096x4096)")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile'd layers")
+    recipes = [r.value for r in mx_nn.MXRecipe]
+    p.add_argument("--recipe", default="mxfp8", choices=recipes, help="default mxfp8")
+    p.add_argument("--skip-block", action="store_true", help="skip the block bit check")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (a one-rank CUDA mesh)")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("mx_nn").setLevel(logging.INFO)  # which path MXLinear runs
+    props = torch.cuda.get_device_properties(0)
+    print(f"GPU {props.name}, torch {torch.__version__}, triton {triton.__version__}")
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    ok = True
+    try:
+        mesh = init_device_mesh("cuda", (1,))
+        if not args.skip_block:
+            for compiled in (False, True):
+                try:
+                    ok &= not check_block(mesh, args.recipe, compiled)
+                except Exception:
+                    traceback.print_exc()
+                    ok = False
+        rows = []
+        for name, style, m, k, n in shapes(args.quick):
+            (plain, x), (dt, x_dt), grad, grad_dt = layer_pair(mesh, style, m, k, n, args.recipe)
+            equal = layer_results_equal(plain, x, dt, x_dt, grad, grad_dt)
+            ok &= equal
+            modes = [("eager", plain, dt)]
+            if args.compile:
+                modes.append(("compiled", torch.compile(plain), torch.compile(dt)))
+            torch._dynamo.reset()  # fresh compile caches per shape: no recompile limit
+            for mode, a, b in modes:
+                try:
+                    t_plain = time_step(a, x, grad, [plain.weight])
+                    t_dt = time_step(b, x_dt, grad_dt, [dt.weight])
+                except Exception:
+                    traceback.print_exc()
+                    ok = False
+                    t_plain = t_dt = float("nan")
+                ratio = t_dt / t_plain
+                ok &= ratio <= TARGET
+                rows.append((name, style, f"{m}x{k}x{n}", mode, t_plain, t_dt, ratio, equal))
+    finally:
+        dist.destroy_process_group()
+    lines = [
+        "| layer | style | M x K x N | mode | plain ms | DTensor ms | DTensor / plain |"
+        f" <= {TARGET} | output bit-equal |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, style, shape, mode, t_plain, t_dt, ratio, equal in rows:
+        lines.append(
+            f"| {name} | {style} | {shape} | {mode} | {t_plain:.3f} | {t_dt:.3f} | "
+            f"{ratio:.3f} | {'yes' if ratio <= TARGET else 'NO'} | {'yes' if equal else 'NO'} |"
+        )
+    publish("\n".join(lines), "dtensor_overhead.md")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
