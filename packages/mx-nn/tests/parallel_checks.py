@@ -257,7 +257,7 @@ def _train_step(model, opt, tokens) -> float:
     return loss.item()
 
 
-def checkpoints(rank: int, world: int, kind: str, path: str) -> dict:
+def checkpoints(rank: int, world: int, kind: str, path: str, recipe: str | None = None) -> dict:
     """Save a tp=2 model and its AdamW state with torch.distributed.checkpoint; load it at
     tp=4, tp=1 and into a plain model; the next two steps' losses of each (the second
     one shows the optimizer state came back) against the tp=2 run's."""
@@ -276,7 +276,7 @@ def checkpoints(rank: int, world: int, kind: str, path: str) -> dict:
         return [_train_step(model, opt, _tokens(s)) for s in (98, 99)]
 
     tp2 = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("rep", "tp"))["tp"]
-    saved = mx_nn.parallelize(MODELS[kind](), tp2, recipe=None)
+    saved = mx_nn.parallelize(MODELS[kind](), tp2, recipe=recipe)
     opt = torch.optim.AdamW(saved.parameters(), lr=1e-3)
     _train_step(saved, opt, _tokens(97))
     dcp.save(state(saved, opt), checkpoint_id=path)
@@ -287,7 +287,9 @@ def checkpoints(rank: int, world: int, kind: str, path: str) -> dict:
     for name, mesh in (("tp=4", tp4), ("tp=1", tp1), ("plain", None)):
         model = MODELS[kind](seed=1)  # different weights: the load must replace them
         if mesh is not None:
-            mx_nn.parallelize(model, mesh, recipe=None)
+            mx_nn.parallelize(model, mesh, recipe=recipe)
+        elif recipe is not None:
+            mx_nn.convert(model, recipe, filter_fn=_not_head)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         sd = state(model, opt)
         dcp.load(sd, checkpoint_id=path)
@@ -339,6 +341,6 @@ def two_rank_suite(rank: int, world: int, cases: list[tuple]) -> dict:
 def four_rank_suite(rank: int, world: int, cases: list[tuple], path: str) -> dict:
     """equivalence, then checkpoints of the project's and the transformers model."""
     out = {"equivalence": equivalence(rank, world, cases)}
-    for kind in ("llama", "hf"):
-        out[kind] = checkpoints(rank, world, kind, f"{path}/{kind}")
+    for kind, recipe in (("llama", "mxfp8"), ("hf", None)):
+        out[kind] = checkpoints(rank, world, kind, f"{path}/{kind}", recipe)
     return out

@@ -156,13 +156,18 @@ def test_four_ranks_dp_x_tp_tp4_and_checkpoints_across_degrees(tmp_path):
     results = spawn(four_rank_suite, 4, FOUR_RANKS, str(tmp_path))
     for rank_result in results:
         _check_equivalence(rank_result["equivalence"])
-    for kind in ("llama", "hf"):
+    # mx_nn.Llama in mxfp8, the transformers model with its nn.Linear layers. The next
+    # step's loss after loading matches the saved run's within 1e-6 (measured bit-exact
+    # for mxfp8); the step after, which shows the AdamW state came back, within 1e-6 for
+    # nn.Linear and MX_LOSS_REL for mxfp8 (its gradients at another degree, see above).
+    for kind, second_tol in (("llama", MX_LOSS_REL), ("hf", 1e-6)):
         r = results[0][kind]
         assert r["keys"], kind
         saved = r["tp=2 (saved run)"]
         for name in ("tp=4", "tp=1", "plain"):
-            for got, want in zip(r[name], saved, strict=True):
-                assert abs(got - want) <= 1e-6 * abs(want), (kind, name, r)
+            (first, second), (want_first, want_second) = r[name], saved
+            assert abs(first - want_first) <= 1e-6 * abs(want_first), (kind, name, r)
+            assert abs(second - want_second) <= second_tol * abs(want_second), (kind, name, r)
         assert r["tp=1"] == r["plain"], kind  # one rank: the plain model's arithmetic
 
 
