@@ -32,7 +32,7 @@ from report import publish
 import mx_core
 import mx_kernels
 from mx_core.testing import SEMANTIC_CASES, semantic_inputs
-from mx_kernels.cast import (
+from mx_kernels.cast_launch import (
     TILE_CONFIGS,
     CastTile,
     _empty_both,
@@ -45,7 +45,7 @@ SHAPES = [(16384, 4096), (16384, 8192), (8192, 14336)]
 QUICK_SHAPES = [(4096, 4096)]
 DEVICE = "cuda"  # a module constant so that a CPU smoke run can patch it
 TARGETS = {"rowwise": 0.90, "colwise": 0.85, "both": 0.85}
-# Candidates per cast kind (mx_kernels.cast.CastTile fields: block_m, block_k, warps,
+# Candidates per cast kind (mx_kernels.cast_launch.CastTile fields: block_m, block_k, warps,
 # programs_per_sm, stages, k_first, max_regs, lanes_m, words).
 SWEEP = {
     "rowwise": [(8, 1024, 4), (4, 2048, 8, 0, 1, True), (8, 1024, 4, 4, 2)],

@@ -30,6 +30,7 @@ import mx_core
 import mx_kernels
 from mx_core.testing import assert_same_bits
 from mx_kernels import cast as C
+from mx_kernels import cast_launch as L
 from mx_kernels import fake_quant as FQ
 from mx_kernels import launch
 
@@ -55,9 +56,9 @@ def per_call(fn, calls: int) -> float:
 def layers(x: torch.Tensor):
     """Per op: (public call, op call, body call, launch call) closures."""
     f = mx_core.get_format(FMT)
-    q, s = C._empty_cast(x.shape, f, BS, x.device)
-    q_t, s_t = C._empty_cast_t(x.shape, f, BS, x.device)
-    qr, sr, qc, sc = C._empty_both(x.shape, f, BS, x.device)
+    q, s = L._empty_cast(x.shape, f, BS, x.device)
+    q_t, s_t = L._empty_cast_t(x.shape, f, BS, x.device)
+    qr, sr, qc, sc = L._empty_both(x.shape, f, BS, x.device)
     row, col = torch.empty_like(x), torch.empty_like(x)
     args = (x, FMT, BS, MODE, "auto")
     return {
@@ -65,37 +66,37 @@ def layers(x: torch.Tensor):
             lambda: mx_kernels.quantize_rowwise(x),
             lambda: torch.ops.mx.quantize_rowwise(*args),
             lambda: C._quantize_rowwise_impl(*args),
-            lambda: C._launch(x, f, BS, MODE, q, s, None, None),
+            lambda: L._launch(x, f, BS, MODE, q, s, None, None),
         ),
         "quantize_colwise": (
             lambda: mx_kernels.quantize_colwise(x),
             lambda: torch.ops.mx.quantize_colwise(*args),
             lambda: C._quantize_colwise_impl(*args),
-            lambda: C._launch(x, f, BS, MODE, None, None, q_t, s_t),
+            lambda: L._launch(x, f, BS, MODE, None, None, q_t, s_t),
         ),
         "quantize_both": (
             lambda: mx_kernels.quantize_both(x),
             lambda: torch.ops.mx.quantize_both(*args),
             lambda: C._quantize_both_impl(*args),
-            lambda: C._launch(x, f, BS, MODE, qr, sr.t(), qc, sc),
+            lambda: L._launch(x, f, BS, MODE, qr, sr.t(), qc, sc),
         ),
         "fake_quantize_rowwise": (
             lambda: mx_kernels.fake_quantize_rowwise(x),
             lambda: torch.ops.mx.fake_quantize_rowwise(*args),
             lambda: FQ._fake_quantize_rowwise_impl(*args),
-            lambda: C._launch(x, f, BS, MODE, row, None, None, None, dequantized=True),
+            lambda: L._launch(x, f, BS, MODE, row, None, None, None, dequantized=True),
         ),
         "fake_quantize_colwise": (
             lambda: mx_kernels.fake_quantize_colwise(x),
             lambda: torch.ops.mx.fake_quantize_colwise(*args),
             lambda: FQ._fake_quantize_colwise_impl(*args),
-            lambda: C._launch(x, f, BS, MODE, None, None, col, None, dequantized=True),
+            lambda: L._launch(x, f, BS, MODE, None, None, col, None, dequantized=True),
         ),
         "fake_quantize_both": (
             lambda: mx_kernels.fake_quantize_both(x),
             lambda: torch.ops.mx.fake_quantize_both(*args),
             lambda: FQ._fake_quantize_both_impl(*args),
-            lambda: C._launch(x, f, BS, MODE, row, None, col, None, dequantized=True),
+            lambda: L._launch(x, f, BS, MODE, row, None, col, None, dequantized=True),
         ),
     }
 

@@ -21,7 +21,7 @@ import torch
 
 import mx_core
 import mx_kernels
-from mx_kernels.cast import TILE_CONFIGS, CastTile, _empty_both, _launch
+from mx_kernels.cast_launch import TILE_CONFIGS, CastTile, _empty_both, _launch
 
 # CastTile fields: block_m, block_k, warps, programs_per_sm, stages, k_first, max_regs,
 # lanes_m, words. None: the default "both" tile.

@@ -6,6 +6,7 @@ import torch
 import mx_core
 import mx_kernels
 from mx_core.testing import semantic_inputs
+from mx_kernels import cast_launch
 
 FP8 = ["fp8_e4m3", "fp8_e5m2"]
 MODES = ["floor", "ceil", "even", "rceil"]
@@ -78,12 +79,12 @@ def test_colwise_and_both_bit_exact(fmt, mode, dtype):
     # The GPU's "both" tile packs x^T's codes into words (CastTile.words); a small tile
     # of that kind runs the same code here.
     f = mx_core.get_format(fmt)
-    q_row, s_row = mx_kernels.cast._empty_cast(x.shape, f, 32, x.device)
-    q_col, s_col = mx_kernels.cast._empty_cast_t(x.shape, f, 32, x.device)
+    q_row, s_row = cast_launch._empty_cast(x.shape, f, 32, x.device)
+    q_col, s_col = cast_launch._empty_cast_t(x.shape, f, 32, x.device)
     words = (32, 32, 1, 0, 1, True, 0, 8, True)
-    _, launcher = mx_kernels.cast._launch_config("both", f.name, 32, mode, words, False, True)
+    _, launcher = cast_launch._launch_config("both", f.name, 32, mode, words, False, True)
     assert launcher.constexprs["WORDS_T"]
-    mx_kernels.cast._launch(x, f, 32, mode, q_row, s_row, q_col, s_col, tile=words)
+    cast_launch._launch(x, f, 32, mode, q_row, s_row, q_col, s_col, tile=words)
     _assert_same((q_row, s_row), want_row)
     _assert_same((q_col, s_col.t()), want_col)
 
@@ -104,14 +105,14 @@ def test_tile_variants_bit_exact(fmt, tile):
     want_row = mx_core.quantize(x, fmt)
     want_col = mx_core.quantize(x[:64].t().contiguous(), fmt)
     f = mx_core.get_format(fmt)
-    q_row, s_row = mx_kernels.cast._empty_cast(x.shape, f, 32, x.device)
-    q_col, s_col = mx_kernels.cast._empty_cast_t(x[:64].shape, f, 32, x.device)
-    mx_kernels.cast._launch(x, f, 32, "rceil", q_row, s_row, None, None, tile=tile)
+    q_row, s_row = cast_launch._empty_cast(x.shape, f, 32, x.device)
+    q_col, s_col = cast_launch._empty_cast_t(x[:64].shape, f, 32, x.device)
+    cast_launch._launch(x, f, 32, "rceil", q_row, s_row, None, None, tile=tile)
     _assert_same((q_row, s_row), want_row)
-    mx_kernels.cast._launch(x[:64], f, 32, "rceil", None, None, q_col, s_col, tile=tile)
+    cast_launch._launch(x[:64], f, 32, "rceil", None, None, q_col, s_col, tile=tile)
     _assert_same((q_col, s_col.t()), want_col)
     q_col.zero_()
-    mx_kernels.cast._launch(x[:64], f, 32, "rceil", q_row[:64], s_row[:64], q_col, s_col, tile=tile)
+    cast_launch._launch(x[:64], f, 32, "rceil", q_row[:64], s_row[:64], q_col, s_col, tile=tile)
     _assert_same((q_col, s_col.t()), want_col)
 
 

@@ -8,6 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import mx_kernels
 from mx_core.testing import assert_same_bits
+from mx_kernels import cast_launch
 from mx_kernels.launch import KernelLauncher, specialization_key
 from mx_kernels.library import may_skip_dispatch
 
@@ -86,7 +87,7 @@ def test_launcher_needs_constexprs_last_and_counts_arguments():
 
     with pytest.raises(ValueError, match="constexprs must come last"):
         KernelLauncher(mx_cast_kernel, {"BLOCK_M": 8, "M": 4}, tensors=5)
-    launcher = mx_kernels.cast._launch_config(
+    launcher = cast_launch._launch_config(
         "rowwise", "fp8_e4m3", 32, "rceil", None, False, True
     )[1]
     assert launcher.n_runtime == 12 and launcher.tensors == 5

@@ -1,0 +1,248 @@
+"""The launcher of the MX cast kernel (:mod:`mx_kernels.cast_triton`): its tiles, one
+cached launch configuration per cast kind and format, and the cast ops' outputs.
+
+:mod:`mx_kernels.cast` and :mod:`mx_kernels.fake_quant` (the ops) call :func:`_launch`;
+the benchmarks under ``tools/bench`` call it with other tiles.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from mx_core import ElementFormat, get_format
+from mx_kernels.backend import interpreter_enabled, persistent_programs
+from mx_kernels.launch import KernelLauncher
+
+__all__ = ["TILE_CONFIGS", "CastTile"]
+
+
+class CastTile(NamedTuple):
+    """How the Triton cast splits x [M, K]: tiles of [block_m, block_k] elements, one
+    program of ``warps`` warps per tile, launched down M first or with ``k_first`` along
+    K first; or with ``programs_per_sm`` > 0 a persistent grid whose programs loop over
+    tiles with loads software-pipelined over ``stages``. ``max_regs`` > 0 caps the
+    registers per thread (Triton's ``maxnreg``; CUDA only). ``lanes_m`` > 0 permutes a
+    tile's rows so that each warp holds one MX block of rows, given that Triton puts
+    ``lanes_m`` rows in a warp's lanes (it must divide the block size, and block_m must be
+    warps * block size; otherwise it is ignored). ``words`` (with ``lanes_m`` = block size
+    / 4, fp8 and fp6 casts of x^T) gives each thread four consecutive rows instead, whose
+    transposed codes it packs into one 32-bit word."""
+
+    block_m: int
+    block_k: int
+    warps: int
+    programs_per_sm: int = 0
+    stages: int = 1
+    k_first: bool = False
+    max_regs: int = 0
+    lanes_m: int = 0
+    words: bool = False
+
+    def __str__(self) -> str:
+        extra = f", {self.programs_per_sm}/SM x{self.stages} stages" if self.programs_per_sm else ""
+        extra += ", K first" if self.k_first else ""
+        extra += f", <= {self.max_regs} regs" if self.max_regs else ""
+        extra += f", rows permuted ({self.lanes_m} lanes)" if self.lanes_m else ""
+        extra += ", word stores" if self.words and self.lanes_m else ""
+        return f"{self.block_m}x{self.block_k} {self.warps}w{extra}"
+
+
+# Per cast kind, "fake_" kinds for the fake-quantize outputs: the best of
+# tools/bench/casts.py --sweep on the H200 (BENCHMARKS.md). Tiles grow to hold one MX
+# block. Columnwise tiles are one MX block tall, so that the block's amax is reduced
+# within a warp; "both" instead takes four blocks of rows, one per warp (rows permuted
+# to match Triton's layout), so that its transposed codes go out in whole 128-byte
+# lines, with registers capped to fit five programs per SM; each thread packs four
+# rows' codes into a word, so the transpose moves words through shared memory, not
+# bytes (the byte transpose took about a quarter of the kernel's time: BENCHMARKS.md,
+# 2026-12-03 'Casts: CUDA-graph timing').
+# Launch order: programs that follow each other write neighbouring bytes of the largest
+# output when row-major outputs go K first and the transposed ones M first; "both"
+# measured faster K first (0.89-0.90 of copy against 0.85-0.87 M first: BENCHMARKS.md,
+# 2026-12-03 'Casts: word stores').
+TILE_CONFIGS: dict[str, CastTile] = {
+    "rowwise": CastTile(8, 1024, 4, k_first=True),
+    "colwise": CastTile(32, 128, 1),
+    "both": CastTile(128, 64, 4, k_first=True, max_regs=96, lanes_m=8, words=True),
+    "fake_rowwise": CastTile(4, 2048, 8, k_first=True),
+    "fake_colwise": CastTile(32, 128, 1, k_first=True),  # writes [M, K], not x^T
+    "fake_both": CastTile(32, 128, 2, k_first=True),
+}
+_INTERPRETER_TILE = CastTile(32, 64, 4)  # small: the interpreter's cost grows with tile size
+
+
+def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None, interpreter: bool) -> CastTile:
+    t = CastTile(*(tile or (_INTERPRETER_TILE if interpreter else TILE_CONFIGS[kind])))
+    block_m = max(t.block_m, 1 if kind.endswith("rowwise") else block_size)
+    t = t._replace(block_m=block_m, block_k=max(t.block_k, block_size))
+    if t.lanes_m and (block_size % t.lanes_m or t.block_m != t.warps * block_size):
+        t = t._replace(lanes_m=0)  # the row permutation is only defined for this shape
+    if t.words and (t.lanes_m * 4 != block_size or kind not in ("colwise", "both")):
+        t = t._replace(words=False)
+    return t
+
+
+@functools.lru_cache(maxsize=512)
+def _launch_config(
+    kind: str,
+    fmt_name: str,
+    block_size: int,
+    scale_mode: str,
+    tile: tuple[int, ...] | None,
+    hw_round: bool,
+    interpreter: bool,
+    s_row_t: bool = False,
+) -> tuple[CastTile, KernelLauncher]:
+    """The tile and the launcher (kernel constants bound) of one cast configuration:
+    built once, since a cast's host time is measured against a kernel of a few to tens
+    of microseconds (BENCHMARKS.md, 2026-12-03 'Host cost per op'). ``interpreter``
+    (TRITON_INTERPRET on a CPU tensor) keys the cache, since it changes the default
+    tile."""
+    from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_cast_kernel
+
+    fmt = get_format(fmt_name)
+    t = _tile(kind, block_size, tile, interpreter)
+    constants = dict(
+        BLOCK_M=t.block_m,
+        BLOCK_K=t.block_k,
+        BS=block_size,
+        FMT=FMT_IDS[fmt.name],
+        MODE=MODE_IDS[scale_mode],
+        EMAX=fmt.emax,
+        MBITS=fmt.mbits,
+        MAX_NORMAL=fmt.max_normal,
+        MAX_FRAC=fmt.max_normal_mantissa_bits,
+        EMIN=fmt.emin,
+        BITS=fmt.bits,
+        PACK=2 if fmt.is_packed else 1,
+        HW_ROUND=hw_round,
+        ROWWISE=kind.endswith(("rowwise", "both")),
+        COLWISE=kind.endswith(("colwise", "both")),
+        DEQ=kind.startswith("fake_"),
+        PERSISTENT=bool(t.programs_per_sm),
+        STAGES=t.stages,
+        K_FIRST=t.k_first,
+        LANES_M=t.lanes_m,
+        S_ROW_T=s_row_t,
+        WORDS_T=t.words and not fmt.is_packed,
+        num_warps=t.warps,
+        **({"maxnreg": t.max_regs} if t.max_regs else {}),
+    )
+    return t, KernelLauncher(mx_cast_kernel, constants, tensors=5)
+
+
+@functools.cache
+def _no_output(device: torch.device) -> torch.Tensor:
+    """A zero-size uint8 tensor passed for outputs a cast does not write."""
+    return torch.empty(0, dtype=torch.uint8, device=device)
+
+
+_KINDS = {
+    (True, False, False): "rowwise",
+    (False, True, False): "colwise",
+    (True, True, False): "both",
+    (True, False, True): "fake_rowwise",
+    (False, True, True): "fake_colwise",
+    (True, True, True): "fake_both",
+}
+
+
+def _launch(
+    x2d,
+    fmt: ElementFormat,
+    block_size: int,
+    scale_mode: str,
+    q_row,
+    s_row,
+    q_col,
+    s_col,
+    tile: tuple[int, ...] | None = None,
+    hw_round: bool | None = None,
+    dequantized: bool = False,
+) -> None:
+    """Run the Triton cast on a 2-D x; None outputs are skipped.
+
+    ``dequantized``: q_row and q_col receive the fake-quantized values instead (in their
+    own dtype, both [M, K] row-major), s_row and s_col must be None. ``s_row`` is
+    row-major (any rank, [..., K // block_size]) or, 2-D, column-major (strides (1, M)).
+
+    ``tile`` (a :class:`CastTile` or the tuple of its fields) overrides TILE_CONFIGS;
+    ``hw_round`` overrides the rounding path (default: the GPU's fp8 conversion on CUDA,
+    fp32 arithmetic in the interpreter). Benchmarks sweep these; every choice is
+    bit-exact where it runs.
+    """
+    m, k = x2d.shape
+    kind = _KINDS[(q_row is not None, q_col is not None, dequantized)]
+    device = x2d.device
+    cuda = device.type == "cuda"
+    hw_round = cuda if hw_round is None else hw_round
+    s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)
+    s_row_strides = (0, 0)
+    if s_row is not None:
+        if s_row.is_contiguous():
+            s_row_strides = (k // block_size, 1)
+        elif s_row.dim() == 2 and s_row.stride() == (1, m):
+            s_row_t, s_row_strides = True, (1, m)
+        else:
+            raise ValueError(f"_launch: s_row strides {s_row.stride()}: need row- or column-major")
+    t, launcher = _launch_config(
+        kind, fmt.name, block_size, scale_mode, None if tile is None else tuple(tile),
+        hw_round, not cuda and interpreter_enabled(), s_row_t,
+    )  # fmt: skip
+    dummy = _no_output(device)
+
+    def u8(out):
+        return dummy if out is None else out if dequantized else out.view(torch.uint8)
+
+    grid = (-(-m // t.block_m), -(-k // t.block_k))
+    tiles, tiles_per_program = grid[0] * grid[1], 1
+    if t.programs_per_sm:
+        grid = (min(tiles, persistent_programs(device, t.programs_per_sm)),)
+        tiles_per_program = -(-tiles // grid[0])
+    elif t.k_first:
+        grid = (tiles,)
+    launcher(
+        grid, x2d, u8(q_row), u8(s_row), u8(q_col), u8(s_col), m, k,
+        x2d.stride(0), x2d.stride(1), *s_row_strides, tiles_per_program,
+    )  # fmt: skip
+
+
+def _empty_cast(
+    shape, fmt: ElementFormat, block_size: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (qdata, scale) of a rowwise cast of a tensor of ``shape``."""
+    *lead, k = shape
+    qk = k // 2 if fmt.is_packed else k
+    qdata = torch.empty(*lead, qk, dtype=fmt.storage_dtype, device=device)
+    scale = torch.empty(*lead, k // block_size, dtype=torch.float8_e8m0fnu, device=device)
+    return qdata, scale
+
+
+def _empty_cast_t(
+    x_shape, fmt: ElementFormat, block_size: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised outputs of the columnwise op for a 2-D x of ``x_shape`` [M, K]:
+    qdata_t [K, M] and the scales' buffer [M // block_size, K], both contiguous.
+
+    The ops return that buffer and the public functions its transpose, scale_t: the
+    ops' outputs stay contiguous, since with a transposed output Inductor's generated
+    code asserted contiguous strides once shapes turned dynamic (torch 2.13)."""
+    m, k = x_shape
+    qdata_t = torch.empty(k, m // 2 if fmt.is_packed else m, dtype=fmt.storage_dtype, device=device)
+    scale_buf = torch.empty(m // block_size, k, dtype=torch.float8_e8m0fnu, device=device)
+    return qdata_t, scale_buf
+
+
+def _empty_both(
+    x_shape, fmt: ElementFormat, block_size: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Uninitialised outputs of the both op for a 2-D x of ``x_shape`` [M, K]: q_row
+    [M, K] (fp4: [M, K // 2]), the rowwise scales' buffer [K // block_size, M] (the
+    public s_row is its transpose), then :func:`_empty_cast_t`'s two; all contiguous."""
+    m, k = x_shape
+    q_row = torch.empty(m, k // 2 if fmt.is_packed else k, dtype=fmt.storage_dtype, device=device)
+    s_row_buf = torch.empty(k // block_size, m, dtype=torch.float8_e8m0fnu, device=device)
+    return q_row, s_row_buf, *_empty_cast_t(x_shape, fmt, block_size, device)
