@@ -48,7 +48,10 @@ def check_placements(
                     "redistribute it to Replicate or Shard first"
                 )
     bs = config.block_size
-    mesh_shape = tuple(x.device_mesh.shape)
+    mesh = x.device_mesh
+    # Size by size: torch 2.11's dynamo cannot trace tuple(mesh.shape) (seen on the H200:
+    # "Failed to trace builtin operator tuple"), 2.13's can.
+    mesh_shape = tuple(mesh.size(d) for d in range(mesh.ndim))
     operands = [
         ("input", x, x.dim() - 1, "in_features"),
         ("weight", weight, 1, "in_features"),
