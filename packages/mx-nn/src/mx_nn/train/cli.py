@@ -74,13 +74,15 @@ def _check_resume(args: TrainArgs, saved: dict) -> None:
         )
 
 
-def _local_copy(model: torch.nn.Module, args: TrainArgs, recipe: str, device) -> tuple:
-    """A one-process bf16 model and (for an MX recipe) an MX model holding ``model``'s
-    weights, gathered in full when it is sharded."""
+def _full_state_dict(model: torch.nn.Module) -> dict:
+    """``model``'s weights as plain tensors (gathered in full, on every rank, when sharded)."""
     if dist.is_initialized():
-        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    else:
-        sd = model.state_dict()
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return model.state_dict()
+
+
+def _local_copy(sd: dict, args: TrainArgs, recipe: str, device) -> tuple:
+    """A one-process bf16 model and (for an MX recipe) an MX model holding ``sd``."""
     reference = Llama(args.model_config).to(device)
     reference.load_state_dict(sd)
     if recipe == BF16:
@@ -127,9 +129,10 @@ def _run(args: TrainArgs, out: Path) -> int:
             return 130
         results.append(result)
     seconds = time.perf_counter() - t0
-    reference, mx = _local_copy(model, args, args.runs[-1], device)
+    sd = _full_state_dict(model)  # a collective: every rank takes part
     if not is_main():
         return 0
+    reference, mx = _local_copy(sd, args, args.runs[-1], device)
     sqnr = None
     if mx is not None:
         sqnr = layer_sqnr(reference, mx, data.heldout_batches(args.batch)[0][0].to(device))

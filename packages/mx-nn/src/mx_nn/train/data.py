@@ -12,7 +12,7 @@ __all__ = ["ByteData", "load_text"]
 
 HELDOUT_FRACTION = 0.1
 """The last tenth of the text is held out."""
-MAX_HELDOUT_BATCHES = 8
+MAX_HELDOUT_BATCHES = 4
 """Held-out loss averages at most this many batches of windows."""
 
 
