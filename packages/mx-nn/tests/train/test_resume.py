@@ -19,13 +19,13 @@ def test_interrupted_and_crashed_runs_resume_bit_exactly(tmp_path, tiny, monkeyp
 
     real_step, calls = loop._train_step, {"n": 0}
 
-    def faulty_step(model, optimizer, inputs, targets):
+    def faulty_step(model, optimizer, inputs, targets, autocast):
         calls["n"] += 1
         if calls["n"] == 3:  # Ctrl-C during bf16's step 3: it finishes, then the loop stops
             signal.raise_signal(signal.SIGINT)
         if calls["n"] == 3 + 3 + 2:  # then a crash inside mxfp8's step 2 (nothing applied)
             raise RuntimeError("simulated crash")
-        return real_step(model, optimizer, inputs, targets)
+        return real_step(model, optimizer, inputs, targets, autocast)
 
     monkeypatch.setattr(loop, "_train_step", faulty_step)
     out = tmp_path / "interrupted"

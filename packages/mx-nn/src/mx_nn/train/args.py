@@ -61,6 +61,8 @@ class TrainArgs:
     """Continue from the checkpoint in ``out``."""
     seed: int = 0
     """Seeds the init and the batch order."""
+    autocast: bool = True
+    """Compute under bf16 autocast (fp32 weights and optimizer); off: everything in fp32."""
 
     @property
     def runs(self) -> tuple[str, ...]:
@@ -138,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="UTF-8 text file to train on (default: the built-in Shakespeare corpus)",
     )
     p.add_argument("--out", metavar="DIR", default=d.out, help="output folder")
+    p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=d.autocast,
+                   help="compute under bf16 autocast; --no-autocast computes in fp32")
     p.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
     p.add_argument("--seed", type=_typed(int, "a non-negative integer", 0), default=d.seed,
                    help="seed of init and batches")  # fmt: skip

@@ -135,14 +135,16 @@ def _run(args: TrainArgs, out: Path) -> int:
     reference, mx = _local_copy(sd, args, args.runs[-1], device)
     sqnr = None
     if mx is not None:
-        sqnr = layer_sqnr(reference, mx, data.heldout_batches(args.batch)[0][0].to(device))
+        batch = data.heldout_batches(args.batch)[0][0].to(device)
+        sqnr = layer_sqnr(reference, mx, batch, args.autocast)
     _say("", table(results, sqnr))
     paths = write_figures(out, results, sqnr, {"args": args.to_dict(),
                                                "train_seconds": seconds})  # fmt: skip
     _say("figures and JSON: " + ", ".join(str(p) for p in paths))
     prompt = bytes(data.heldout[: min(48, len(data.heldout) // 2)].tolist())
-    text = greedy(mx if mx is not None else reference, prompt, SAMPLE_BYTES,
-                  max_seq_len=args.seq).decode("utf-8", errors="replace")  # fmt: skip
+    model = mx if mx is not None else reference
+    raw = greedy(model, prompt, SAMPLE_BYTES, max_seq_len=args.seq, autocast=args.autocast)
+    text = raw.decode("utf-8", errors="replace")
     _say(f"greedy sample ({args.runs[-1]}; the first {len(prompt)} bytes are the prompt):",
          "-" * 60, text, "-" * 60)  # fmt: skip
     return 0

@@ -116,15 +116,18 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def loss_of(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy in nats per token, logits under bf16 autocast, loss in fp32."""
-    with torch.autocast(inputs.device.type, torch.bfloat16):
+def loss_of(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, autocast: bool = True
+) -> torch.Tensor:
+    """Mean cross-entropy in nats per token, logits under bf16 autocast (unless
+    ``autocast`` is off: fp32), loss in fp32."""
+    with torch.autocast(inputs.device.type, torch.bfloat16, enabled=autocast):
         logits = model(inputs)
     return F.cross_entropy(_full(logits).float().flatten(0, 1), targets.flatten())
 
 
-def _train_step(model, optimizer, inputs, targets) -> float:
-    loss = loss_of(model, inputs, targets)
+def _train_step(model, optimizer, inputs, targets, autocast: bool) -> float:
+    loss = loss_of(model, inputs, targets, autocast)
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
@@ -133,11 +136,12 @@ def _train_step(model, optimizer, inputs, targets) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches, device: torch.device) -> float:
+def evaluate(model: nn.Module, batches, device: torch.device, autocast: bool = True) -> float:
     """Held-out loss (nats per token) over ``batches`` of (inputs, targets)."""
     total, count = 0.0, 0
     for inputs, targets in batches:
-        total += loss_of(model, inputs.to(device), targets.to(device)).item() * targets.numel()
+        loss = loss_of(model, inputs.to(device), targets.to(device), autocast)
+        total += loss.item() * targets.numel()
         count += targets.numel()
     return total / count
 
@@ -211,7 +215,7 @@ def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.dev
     def maybe_evaluate() -> float | None:
         if (step % eval_every and step != args.steps) or step in result.steps:
             return None
-        held = mean_over_dp(evaluate(forward, heldout, device), mesh)
+        held = mean_over_dp(evaluate(forward, heldout, device, args.autocast), mesh)
         train = mean_over_dp(sum(interval) / len(interval), mesh) if interval else math.nan
         result.steps.append(step)
         result.train_loss.append(train)
@@ -236,7 +240,7 @@ def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.dev
                 rows = slice(dp_rank * local, (dp_rank + 1) * local)
                 inputs, targets = inputs[rows].to(device), targets[rows].to(device)
                 t0 = time.perf_counter()
-                loss = _train_step(forward, optimizer, inputs, targets)
+                loss = _train_step(forward, optimizer, inputs, targets, args.autocast)
                 seconds = time.perf_counter() - t0
                 step += 1
                 interval.append(loss)

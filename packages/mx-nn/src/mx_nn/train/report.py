@@ -23,10 +23,13 @@ _SHORT = {"attention.wq": "wq", "attention.wk": "wk", "attention.wv": "wv",
 
 
 @torch.no_grad()
-def layer_sqnr(reference: nn.Module, mx: nn.Module, inputs: torch.Tensor) -> dict[str, float]:
+def layer_sqnr(
+    reference: nn.Module, mx: nn.Module, inputs: torch.Tensor, autocast: bool = True
+) -> dict[str, float]:
     """SQNR in dB of each linear's, each block's and the logits' (``output``) output in
     ``mx`` against the same module of ``reference`` (same weights, bf16), on one batch
-    of token ids ``inputs`` under bf16 autocast; keys are module paths in forward order."""
+    of token ids ``inputs`` under bf16 autocast (unless ``autocast`` is off); keys are
+    module paths in forward order."""
     outputs: dict[str, list[torch.Tensor]] = {}
 
     def hook_all(model: nn.Module) -> list:
@@ -43,7 +46,7 @@ def layer_sqnr(reference: nn.Module, mx: nn.Module, inputs: torch.Tensor) -> dic
     for model in (reference, mx):
         handles = hook_all(model)
         try:
-            with torch.autocast(inputs.device.type, torch.bfloat16):
+            with torch.autocast(inputs.device.type, torch.bfloat16, enabled=autocast):
                 model(inputs)
         finally:
             for h in handles:
