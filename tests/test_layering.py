@@ -88,7 +88,11 @@ def test_numerics_report_runs():
     assert "semantics table: 320/320 cases as specified" in out
 
 
-@pytest.mark.parametrize("script", ["casts.py", "gemm.py", "linear.py", "dtensor_overhead.py"])
+BENCHMARKS = ["casts.py", "gemm.py", "linear.py", "dtensor_overhead.py", "host_cost.py",
+              "tp_layer.py", "multi_gpu.py"]  # fmt: skip
+
+
+@pytest.mark.parametrize("script", BENCHMARKS)
 def test_benchmarks_import_and_parse_arguments(script):
     # They only run on a GPU; this catches a broken import or argument parser here.
     out = subprocess.run(
