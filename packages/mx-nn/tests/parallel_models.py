@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import traceback
-
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
@@ -153,42 +147,6 @@ def full(t: torch.Tensor) -> torch.Tensor:
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = full(a).detach().double(), full(b).detach().double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, world: int, port: int, fn, args, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        results[rank] = ("ok", fn(rank, world, *args))
-    except Exception:
-        results[rank] = ("error", traceback.format_exc())
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn(fn, world: int, *args) -> list:
-    """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; return each rank's result.
-
-    A rank's exception is re-raised here with its traceback."""
-    manager = mp.get_context("spawn").Manager()
-    results = manager.dict()
-    mp.start_processes(
-        _entry, args=(world, _free_port(), fn, args, results), nprocs=world, start_method="spawn"
-    )
-    out = []
-    for rank in range(world):
-        status, value = results[rank]
-        if status != "ok":
-            raise AssertionError(f"rank {rank} failed:\n{value}")
-        out.append(value)
-    return out
 
 
 class TitanEmbedRenamed(TitanLlama):

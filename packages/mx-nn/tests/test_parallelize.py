@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))  # the spawned ranks import these by name
 from parallel_checks import four_rank_suite, two_rank_suite  # noqa: E402
-from parallel_models import spawn  # noqa: E402
+
+from mx_dtensor.testing import spawn  # noqa: E402
 
 REL = 1e-4
 MX_VS_NOISE = 0.5
