@@ -4,10 +4,15 @@ import os
 # imported anywhere.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-
 import functools  # noqa: E402
 
 import pytest  # noqa: E402
+
+# Imported now, under the interpreter: triton.language's own jit helpers take their
+# mode when triton is first imported, and tests that set TRITON_INTERPRET=0 (to check
+# the error) would otherwise leave them compiled-mode for every later interpreted
+# kernel in the process ("Cannot call @triton.jit'd outside of the scope of a kernel").
+import triton  # noqa: E402, F401
 
 
 @pytest.fixture
