@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
-from report import publish
+from report import publish, wall_per_call
 
 import mx_core
 import mx_kernels
@@ -39,18 +38,8 @@ FMT, BS, MODE = "fp8_e4m3", 32, "rceil"
 
 
 def per_call(fn, calls: int) -> float:
-    """Best of three rounds of ``calls`` queued calls, microseconds per call."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
+    """Microseconds per call (:func:`report.wall_per_call`)."""
+    return wall_per_call(fn, calls, warmup=50) * 1e6
 
 
 def layers(x: torch.Tensor):

@@ -1,9 +1,10 @@
-"""Shared output of the benchmarks: print a markdown table and keep a copy under $OUT
-(the device tool brings files written there back)."""
+"""Shared pieces of the benchmarks: print a markdown table and keep a copy under $OUT
+(the device tool brings files written there back); wall time per call of queued calls."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -14,3 +15,23 @@ def publish(table: str, filename: str) -> None:
         path = Path(os.environ["OUT"]) / filename
         path.write_text(table + "\n")
         print(f"wrote {path}")
+
+
+def wall_per_call(fn, calls: int, warmup: int) -> float:
+    """Seconds per call of ``fn``: the best of three rounds of ``calls`` calls queued back
+    to back (CUDA synchronized at the end of each round), after ``warmup`` calls. Host
+    and GPU together: where the host's launch path is slower than the kernels, this is
+    the host's time."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
-from report import publish
+from report import publish, wall_per_call
 from torch import nn
 
 import mx_nn
@@ -67,20 +66,6 @@ def step_fn(model, xs, grads):
     return step
 
 
-def per_step_ms(fn, steps: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / steps * 1e3)
-    return best
-
-
 def run_tp(tp: int, recipe: str, steps: int, modes: tuple[str, ...]) -> dict[str, float]:
     torch.manual_seed(0)
     bf16 = Linears(tp)
@@ -98,7 +83,7 @@ def run_tp(tp: int, recipe: str, steps: int, modes: tuple[str, ...]) -> dict[str
                 model = torch.compile(model)
             elif mode == "cudagraphs":  # a user option: it takes the host out of the step
                 model = torch.compile(model, mode="reduce-overhead")
-            out[f"{name} {mode}"] = per_step_ms(step_fn(model, xs, grads), steps)
+            out[f"{name} {mode}"] = wall_per_call(step_fn(model, xs, grads), steps, warmup=3) * 1e3
             if mode != "eager":
                 torch._dynamo.reset()
     return out

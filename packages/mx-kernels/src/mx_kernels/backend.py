@@ -85,9 +85,7 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
     """
     if backend not in allowed:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(allowed)}")
-    impl, why = _choice(op, backend, device.type, None, interpreter_enabled())
-    log_choice(op, impl, device.type, why)
-    return impl
+    return _resolve(op, backend, device, None)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -127,6 +125,10 @@ def resolve_backend_for(op: str, backend: str, device: torch.device, gap: str | 
     ``"triton"``."""
     if backend not in BACKENDS:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    return _resolve(op, backend, device, gap)
+
+
+def _resolve(op: str, backend: str, device: torch.device, gap: str | None) -> str:
     device_type = device.type
     # TRITON_INTERPRET only matters off CUDA; reading the environment costs ~1 us.
     interp = device_type != "cuda" and interpreter_enabled()

@@ -182,9 +182,8 @@ def quantize_rowwise(
         ``mx_core.quantize(x, fmt, dim=-1, ...)``'s ``qdata`` and ``scale``.
     """
     name, mode = _check("quantize_rowwise", x, fmt, block_size, scale_mode, backend)
-    if may_skip_dispatch(x):
-        return _quantize_rowwise_impl(x, name, block_size, mode, backend)
-    return QUANTIZE_ROWWISE(x, name, block_size, mode, backend)
+    op = _quantize_rowwise_impl if may_skip_dispatch(x) else QUANTIZE_ROWWISE
+    return op(x, name, block_size, mode, backend)
 
 
 def quantize_colwise(
