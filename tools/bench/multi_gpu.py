@@ -178,6 +178,7 @@ def main() -> int:
         where = torch.cuda.get_device_name() if a.device == "cuda" else "CPU (gloo)"
         head = f"{world} ranks, {where}, torch {torch.__version__}"
         publish(head + "\n\n" + "\n\n".join(tables), "multi_gpu.md")
+    dist.barrier()  # no rank tears the group down while another's collective is in flight
     dist.destroy_process_group()
     return 0
 
