@@ -2,7 +2,7 @@
 
 A one-rank CUDA mesh (NCCL, world size 1). Two parts:
 
-1. Check: the Llama-style block of packages/mx-nn/tests/test_tensor_parallel.py (GQA
+1. Check: the Llama-style block of packages/mx-nn/tests/tp_block.py (GQA
    attention, SwiGLU MLP, RMSNorm), converted to MX and parallelized with torchtitan's
    plan, against the same block on plain tensors: outputs and every gradient bit for
    bit, for compute_path "auto" (on sm90 the fused fake-quantize path) and "mx", eager
@@ -17,7 +17,10 @@ A one-rank CUDA mesh (NCCL, world size 1). Two parts:
    16384x4096x4096 and at the per-rank shapes of a Llama-3-8B layer at TP=4 and TP=8
    (8192 tokens: q 4096->4096/tp, k/v 4096->1024/tp, o 4096/tp->4096, gate/up
    4096->14336/tp, down 14336/tp->4096). Each DTensor result is bit-compared with the
-   plain one too. Target: DTensor / plain <= 1.03.
+   plain one too. Target: DTensor / plain <= 1.03. MXLinear runs DTensors as one op on
+   their local shards (mx_nn.placements); the "dispatch" column times the same layer
+   with every mx op dispatched through DTensor and the sharding rules instead (context:
+   what the local path saves), eager only.
 
 Usage: python tools/bench/dtensor_overhead.py [--quick] [--compile] [--recipe mxfp8]
        [--skip-block]
@@ -43,6 +46,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.parallel import parallelize_module
 
 import mx_nn
+import mx_nn.linear as mx_linear
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = 1.03
@@ -68,7 +72,7 @@ def shapes(quick: bool) -> list[tuple[str, str, int, int, int]]:
 
 def load_block_module():
     """The test module that defines the Llama-style block and torchtitan's plan."""
-    path = ROOT / "packages/mx-nn/tests/test_tensor_parallel.py"
+    path = ROOT / "packages/mx-nn/tests/tp_block.py"
     spec = importlib.util.spec_from_file_location("mx_tp_block", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -203,27 +207,37 @@ def main(argv=None) -> int:
                 modes.append(("compiled", torch.compile(plain), torch.compile(dt)))
             torch._dynamo.reset()  # fresh compile caches per shape: no recompile limit
             for mode, a, b in modes:
+                t_dispatch = float("nan")
                 try:
                     t_plain = time_step(a, x, grad, [plain.weight])
                     t_dt = time_step(b, x_dt, grad_dt, [dt.weight])
+                    if mode == "eager":
+                        mx_linear._LOCAL_SHARDS = False
+                        try:
+                            t_dispatch = time_step(b, x_dt, grad_dt, [dt.weight])
+                        finally:
+                            mx_linear._LOCAL_SHARDS = True
                 except Exception:
                     traceback.print_exc()
                     ok = False
                     t_plain = t_dt = float("nan")
                 ratio = t_dt / t_plain
                 ok &= ratio <= TARGET
-                rows.append((name, style, f"{m}x{k}x{n}", mode, t_plain, t_dt, ratio, equal))
+                rows.append(
+                    (name, style, f"{m}x{k}x{n}", mode, t_plain, t_dt, ratio, equal, t_dispatch)
+                )
     finally:
         dist.destroy_process_group()
     lines = [
         "| layer | style | M x K x N | mode | plain ms | DTensor ms | DTensor / plain |"
-        f" <= {TARGET} | output bit-equal |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f" <= {TARGET} | output bit-equal | dispatch ms (context) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, style, shape, mode, t_plain, t_dt, ratio, equal in rows:
+    for name, style, shape, mode, t_plain, t_dt, ratio, equal, t_dispatch in rows:
         lines.append(
             f"| {name} | {style} | {shape} | {mode} | {t_plain:.3f} | {t_dt:.3f} | "
-            f"{ratio:.3f} | {'yes' if ratio <= TARGET else 'NO'} | {'yes' if equal else 'NO'} |"
+            f"{ratio:.3f} | {'yes' if ratio <= TARGET else 'NO'} | {'yes' if equal else 'NO'} "
+            f"| {t_dispatch:.3f} |"
         )
     publish("\n".join(lines), "dtensor_overhead.md")
     return 0 if ok else 1

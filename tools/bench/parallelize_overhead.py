@@ -6,7 +6,9 @@ Two copies of the same bf16 mx_nn.Llama (Llama-3-8B layer shapes: dim 4096, 32 q
 with ``mx_nn.parallelize(model, mesh, recipe=...)`` on a one-rank mesh (DTensor
 parameters, sequence-parallel plan, no communication that moves data). Times forward +
 backward of tokens [batch, seq] (median ms of do_bench, the two models measured
-alternately, ROUNDS times) and prints the ratio.
+alternately, ROUNDS times) and prints the ratio. Context: the parallelized model again
+with every mx op of its MXLinears dispatched through DTensor (not as one op on the
+local shards, mx_nn.placements).
 
 Target: parallelize / convert <= 1.02.
 
@@ -25,6 +27,7 @@ import torch.distributed as dist
 from report import publish
 
 import mx_nn
+import mx_nn.linear as mx_linear
 
 ROUNDS = 3
 
@@ -85,13 +88,18 @@ def main(argv=None) -> int:
 
         with torch.no_grad():
             same = torch.equal(converted(tokens), parallel(tokens))
-        times = {"convert": [], "parallelize": []}
+        times = {"convert": [], "parallelize": [], "dispatch": []}
+        runs = (("convert", converted), ("parallelize", parallel), ("dispatch", parallel))
         for _ in range(ROUNDS):
-            for name, model in (("convert", converted), ("parallelize", parallel)):
+            for name, model in runs:
                 step, params = step_of(model)
-                times[name].append(
-                    triton.testing.do_bench(step, grad_to_none=params, return_mode="median")
-                )
+                mx_linear._LOCAL_SHARDS = name != "dispatch"
+                try:
+                    times[name].append(
+                        triton.testing.do_bench(step, grad_to_none=params, return_mode="median")
+                    )
+                finally:
+                    mx_linear._LOCAL_SHARDS = True
     finally:
         dist.destroy_process_group()
     t_conv = statistics.median(times["convert"])
@@ -105,7 +113,9 @@ def main(argv=None) -> int:
         f"{same} |",
         "",
         f"rounds: convert {[round(t, 3) for t in times['convert']]}, "
-        f"parallelize {[round(t, 3) for t in times['parallelize']]}",
+        f"parallelize {[round(t, 3) for t in times['parallelize']]}; context, mx ops "
+        f"dispatched through DTensor: {[round(t, 3) for t in times['dispatch']]} "
+        f"({statistics.median(times['dispatch']) / t_conv:.3f}x convert)",
     ]
     publish("\n".join(lines), "parallelize_overhead.md")
     return 0 if ratio <= 1.02 else 1

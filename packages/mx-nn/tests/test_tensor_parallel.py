@@ -13,126 +13,18 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).parent))  # the spawned ranks import it by name
+from tp_block import BATCH, DIM, PATHS, RECIPES, REL_TOL, SEQ, _blocks, _config, _rel  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="no torch.distributed")
-
-RECIPES = ["mxfp8", "mxfp8_hp_wgrad", "mxfp8_e5m2_grads"]
-PATHS = ["mx", "fake_quant"]
-REL_TOL = 1e-5  # fp32 partial sums over K in another order (module doc)
-DIM, HEADS, KV_HEADS, HIDDEN = 256, 8, 4, 512  # head_dim 32: k/v 128 wide, 32 per rank at tp=4
-BATCH, SEQ = 2, 40  # 80 tokens: the columnwise casts pad M to 96 (locally, M unsharded)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class Attention(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.head_dim = DIM // HEADS
-        self.wq = nn.Linear(DIM, HEADS * self.head_dim, bias=False)
-        self.wk = nn.Linear(DIM, KV_HEADS * self.head_dim, bias=False)
-        self.wv = nn.Linear(DIM, KV_HEADS * self.head_dim, bias=False)
-        self.wo = nn.Linear(HEADS * self.head_dim, DIM, bias=False)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        # -1: the heads of this rank (all of them on one process)
-        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(DIM, HIDDEN, bias=False)
-        self.w2 = nn.Linear(HIDDEN, DIM, bias=False)
-        self.w3 = nn.Linear(DIM, HIDDEN, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.attention_norm, self.attention = RMSNorm(DIM), Attention()
-        self.ffn_norm, self.feed_forward = RMSNorm(DIM), FeedForward()
-
-    def forward(self, x):
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
-def _plan() -> dict:
-    """torchtitan's Llama plan: x between blocks is the sequence shard [B, S / tp, D]."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
-    def gather():  # Shard(1) (sequence) -> Replicate, before the colwise layers
-        return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-
-    return {
-        "attention_norm": SequenceParallel(),
-        "attention": gather(),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-        "ffn_norm": SequenceParallel(),
-        "feed_forward": gather(),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        "feed_forward.w3": ColwiseParallel(),
-    }
-
-
-def _config(recipe: str, path: str):
-    from mx_nn import MXLinearConfig
-
-    return MXLinearConfig.from_recipe(recipe, compute_path=path)
-
-
-def _blocks(config, mesh):
-    """(reference MX block on this process, the same block parallelized over mesh)."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    import mx_nn
-
-    torch.manual_seed(0)
-    block = Block()
-    for norm in (block.attention_norm, block.ffn_norm):  # not all ones: the grads differ
-        nn.init.normal_(norm.weight, 1.0, 0.1)
-    ref = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
-    tp = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
-    return ref, parallelize_module(tp, mesh, _plan())
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def _step(module, x, grad):

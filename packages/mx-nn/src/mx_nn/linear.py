@@ -56,13 +56,24 @@ from mx_core import MXTensor, get_format
 from mx_kernels.matmul import bf16_gemm, bf16_gemm_design
 from mx_nn.cast_cache import cast_shared
 from mx_nn.config import MXLinearConfig
-from mx_nn.placements import check_placements
+from mx_nn.placements import linear_layout
 
 __all__ = ["MXLinear"]
 
 logger = logging.getLogger("mx_nn")
 _GEMM_BLOCK = 32
 _LOGGED: set[tuple[str, str]] = set()
+# DTensor inputs run as one op on their local shards; False dispatches every mx op
+# through DTensor and its sharding rules instead (tests compare the two, bit for bit).
+_LOCAL_SHARDS = True
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
 
 
 def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
@@ -326,6 +337,15 @@ class MXLinear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, weight, device_type = input, self.weight, input.device.type
+        layout = None
+        if isinstance(x, DTensor) or isinstance(weight, DTensor):
+            layout = linear_layout(self.layer_name, x, weight, self.config)
+            if _LOCAL_SHARDS:
+                # One autograd op on the local shards (mx_nn.placements): the same ops
+                # as through DTensor's dispatch, without its per-op host cost.
+                mesh, shape = x.device_mesh, (*x.shape[:-1], weight.shape[0])
+                x = x.to_local(grad_placements=layout.grad_input)
+                weight = weight.to_local(grad_placements=layout.grad_weight)
         if torch.is_autocast_enabled(device_type):
             # Cast as autocast would for F.linear, then run the MX GEMMs outside it.
             dtype = torch.get_autocast_dtype(device_type)
@@ -334,6 +354,14 @@ class MXLinear(nn.Linear):
                 y = self._mx_forward(x, weight)
         else:
             y = self._mx_forward(x, weight)
+        if layout is not None and _LOCAL_SHARDS:
+            # The gradient the casts see must be summed: a Partial output's arrives as
+            # Replicate (or is reduced here first).
+            grad = tuple(Replicate() if p.is_partial() else p for p in layout.output)
+            y = DTensor.from_local(
+                y, mesh, layout.output, run_check=False, shape=torch.Size(shape),
+                stride=_contiguous_strides(shape), grad_placements=grad,
+            )  # fmt: skip
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _mx_forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -343,8 +371,6 @@ class MXLinear(nn.Linear):
                 f"{self.layer_name}: compute_path='fake_quant' takes no fp16 input or weight "
                 "(fake-quantized values can leave fp16's range); use bf16/fp32 or 'mx'"
             )
-        if isinstance(x, DTensor) or isinstance(weight, DTensor):
-            check_placements(self.layer_name, x, weight, c)
         fused = _fake_quant_path(x.device, c, x.dtype)
         fn = _FakeQuantLinearFunction if fused else _MXLinearFunction
         return fn.apply(x, weight, c)

@@ -13,14 +13,16 @@ and W, N of W (its columnwise cast), and M where the columnwise casts of X and d
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
 
 from mx_dtensor import local_sizes, split_block_reason
 from mx_nn.config import MXLinearConfig
 
-__all__ = ["check_placements"]
+__all__ = ["LinearLayout", "check_placements", "linear_layout"]
 
 
 def check_placements(
@@ -87,3 +89,77 @@ def _check_tokens(layer: str, x: DTensor, bs: int, mesh_shape: tuple[int, ...]) 
                 f"size {lead[d]}). Give each rank a multiple of {bs} tokens (pad the "
                 f"sequence to a multiple of {bs} x the mesh size), or use hp_weight_grad"
             )
+
+
+class LinearLayout(NamedTuple):
+    """Placements, per mesh dim, of an MXLinear's output Y [..., N] and of the gradients
+    of its input X [..., K] and weight W [N, K], as DTensor's rules for the same ops
+    would give them."""
+
+    output: tuple[Placement, ...]
+    grad_input: tuple[Placement, ...]
+    grad_weight: tuple[Placement, ...]
+
+
+# (x, weight, config-derived) key -> LinearLayout of placements that passed the checks;
+# only successes are kept, so every refusal is raised (and names its layer) each time.
+_LAYOUTS: dict[tuple, LinearLayout] = {}
+_MAX_LAYOUTS = 4096
+
+
+def linear_layout(
+    layer: str, x: torch.Tensor, weight: torch.Tensor, config: MXLinearConfig
+) -> LinearLayout:
+    """:func:`check_placements`, then the :class:`LinearLayout` of these placements.
+
+    Per mesh dim: (X Replicate, W Shard(0)) -> Y Shard(-1), dX Partial, dW Shard(0);
+    (X Shard(-1), W Shard(1)) -> Y Partial, dX Shard(-1), dW Shard(1); (X sharded along
+    a leading dim, W Replicate) -> Y sharded alike, dX alike, dW Partial; (Replicate,
+    Replicate) -> all Replicate. Checked once per shapes, placements and mesh (eager).
+
+    Raises:
+        TypeError, ValueError: as :func:`check_placements`; ValueError also for a pair of
+            placements with no rule (naming ``layer``, the mesh dim and both placements).
+    """
+    key = None
+    if not torch.compiler.is_compiling():
+        key = (
+            x.shape, x.placements, weight.shape, weight.placements, x.device_mesh,
+            weight.device_mesh, config.block_size, config.needs_colwise_input,
+        )  # fmt: skip
+        hit = _LAYOUTS.get(key)
+        if hit is not None:
+            return hit
+    check_placements(layer, x, weight, config)
+    if weight.device_mesh != x.device_mesh:
+        raise ValueError(
+            f"{layer}: input and weight are DTensors on different meshes "
+            f"({x.device_mesh} and {weight.device_mesh})"
+        )
+    out, gx, gw = [], [], []
+    last = x.dim() - 1
+    for i, (px, pw) in enumerate(zip(x.placements, weight.placements, strict=True)):
+        dx = getattr(px, "dim", None)
+        if px.is_replicate() and pw.is_replicate():
+            row = (Replicate(), Replicate(), Replicate())
+        elif px.is_replicate() and pw == Shard(0):
+            row = (Shard(last), Partial(), Shard(0))
+        elif dx is not None and dx % x.dim() == last and pw == Shard(1):
+            row = (Partial(), px, Shard(1))
+        elif dx is not None and dx % x.dim() != last and pw.is_replicate():
+            row = (px, px, Partial())
+        else:
+            raise ValueError(
+                f"{layer}: input {px!r} with weight {pw!r} on mesh dim {i} has no MX linear "
+                "rule; per mesh dim the input and weight may be (Replicate, Replicate), "
+                "(Replicate, Shard(0)) (colwise), (Shard(-1), Shard(1)) (rowwise) or "
+                "(Shard of a leading dim, Replicate) (sequence-sharded input)"
+            )
+        for acc, p in zip((out, gx, gw), row, strict=True):
+            acc.append(p)
+    layout = LinearLayout(tuple(out), tuple(gx), tuple(gw))
+    if key is not None:
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = layout
+    return layout
