@@ -21,9 +21,10 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="no torch.distri
 RECIPES = ["mxfp8", "mxfp8_hp_wgrad"]
 
 
-def _run_block(mesh, config, local: bool) -> tuple[list, dict]:
+def _run_block(mesh, config, local: bool, grad_arg: bool = True) -> tuple[list, dict]:
     """The parallelized block's output, input grad and (placements, local grad) of every
-    parameter; and how many mx ops DTensor's dispatcher saw."""
+    parameter; and how many mx ops DTensor's dispatcher saw. ``grad_arg`` False: the
+    output is made as on torch 2.11, whose ``from_local`` takes no ``grad_placements``."""
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -45,13 +46,15 @@ def _run_block(mesh, config, local: bool) -> tuple[list, dict]:
                 seen[str(func)] = seen.get(str(func), 0) + 1
             return func(*args, **(kwargs or {}))
 
-    saved, mx_nn.linear._LOCAL_SHARDS = mx_nn.linear._LOCAL_SHARDS, local
+    saved = mx_nn.linear._LOCAL_SHARDS, mx_nn.linear._FROM_LOCAL_GRAD
+    mx_nn.linear._LOCAL_SHARDS = local
+    mx_nn.linear._FROM_LOCAL_GRAD = grad_arg and saved[1]
     try:
         with Count():
             y = block(x_loc)
             y.backward(grad[:, sl].contiguous())
     finally:
-        mx_nn.linear._LOCAL_SHARDS = saved
+        mx_nn.linear._LOCAL_SHARDS, mx_nn.linear._FROM_LOCAL_GRAD = saved
     params = [(n, p.grad.placements, p.grad.to_local()) for n, p in block.named_parameters()]
     return [y.detach(), x_loc.grad, *params], seen
 
@@ -84,7 +87,9 @@ def _worker(rank: int, world: int) -> dict:
     for recipe in RECIPES:
         for path in PATHS:
             cfg = _config(recipe, path)
-            out["runs"][recipe, path] = (_run_block(mesh, cfg, True), _run_block(mesh, cfg, False))
+            reference = _run_block(mesh, cfg, False)
+            out["runs"][recipe, path] = (_run_block(mesh, cfg, True), reference)
+            out["runs"][recipe, path, "2.11"] = (_run_block(mesh, cfg, True, False), reference)
     out["refusals"] = _refusals(mesh)
     return out
 

@@ -42,6 +42,7 @@ device); "auto" decides as above. Which path runs is logged once per device.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from types import SimpleNamespace
 
@@ -68,12 +69,37 @@ _LOGGED: set[tuple[str, str]] = set()
 _LOCAL_SHARDS = True
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+# torch 2.13's from_local takes the gradient's placements; 2.11's has no such argument
+# and hands a Partial gradient of a Partial output back unreduced.
+_FROM_LOCAL_GRAD = "grad_placements" in inspect.signature(DTensor.from_local).parameters
+
+
+def _from_local(y: torch.Tensor, mesh, placements: tuple, shape: tuple[int, ...]) -> DTensor:
+    """The layer's local output as a DTensor of global ``shape`` (contiguous), whose
+    gradient reaches the local backward summed: the casts need the reduced values. (A
+    Partial output's gradient arrives Replicate from PyTorch's styles; anything Partial
+    is reduced first.)"""
     strides, acc = [], 1
     for n in reversed(shape):
         strides.append(acc)
         acc *= n
-    return tuple(reversed(strides))
+    kwargs = {"run_check": False, "shape": torch.Size(shape), "stride": tuple(reversed(strides))}
+    if _FROM_LOCAL_GRAD:
+        grad = tuple(Replicate() if p.is_partial() else p for p in placements)
+        return DTensor.from_local(y, mesh, placements, grad_placements=grad, **kwargs)
+    return _ReduceGrad.apply(DTensor.from_local(y, mesh, placements, **kwargs))
+
+
+class _ReduceGrad(torch.autograd.Function):
+    """Identity forward; backward reduces a Partial gradient (:func:`_reduced`)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return _reduced(grad)
 
 
 def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
@@ -357,11 +383,7 @@ class MXLinear(nn.Linear):
         if layout is not None and _LOCAL_SHARDS:
             # The gradient the casts see must be summed: a Partial output's arrives as
             # Replicate (or is reduced here first).
-            grad = tuple(Replicate() if p.is_partial() else p for p in layout.output)
-            y = DTensor.from_local(
-                y, mesh, layout.output, run_check=False, shape=torch.Size(shape),
-                stride=_contiguous_strides(shape), grad_placements=grad,
-            )  # fmt: skip
+            y = _from_local(y, mesh, layout.output, shape)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _mx_forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
