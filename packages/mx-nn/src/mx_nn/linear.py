@@ -42,14 +42,13 @@ device); "auto" decides as above. Which path runs is logged once per device.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 import mx_kernels
@@ -57,6 +56,7 @@ from mx_core import MXTensor, get_format
 from mx_kernels.matmul import bf16_gemm, bf16_gemm_design
 from mx_nn.cast_cache import cast_shared
 from mx_nn.config import MXLinearConfig
+from mx_nn.local_shards import on_local_shards, reduced
 from mx_nn.placements import linear_layout
 
 __all__ = ["MXLinear"]
@@ -64,42 +64,10 @@ __all__ = ["MXLinear"]
 logger = logging.getLogger("mx_nn")
 _GEMM_BLOCK = 32
 _LOGGED: set[tuple[str, str]] = set()
-# DTensor inputs run as one op on their local shards; False dispatches every mx op
-# through DTensor and its sharding rules instead (tests compare the two, bit for bit).
+# DTensor inputs run as one op on their local shards (mx_nn.local_shards); False
+# dispatches every mx op through DTensor and its sharding rules instead (tests compare
+# the two, bit for bit).
 _LOCAL_SHARDS = True
-
-
-# torch 2.13's from_local takes the gradient's placements; 2.11's has no such argument
-# and hands a Partial gradient of a Partial output back unreduced.
-_FROM_LOCAL_GRAD = "grad_placements" in inspect.signature(DTensor.from_local).parameters
-
-
-def _from_local(y: torch.Tensor, mesh, placements: tuple, shape: tuple[int, ...]) -> DTensor:
-    """The layer's local output as a DTensor of global ``shape`` (contiguous), whose
-    gradient reaches the local backward summed: the casts need the reduced values. (A
-    Partial output's gradient arrives Replicate from PyTorch's styles; anything Partial
-    is reduced first.)"""
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    kwargs = {"run_check": False, "shape": torch.Size(shape), "stride": tuple(reversed(strides))}
-    if _FROM_LOCAL_GRAD:
-        grad = tuple(Replicate() if p.is_partial() else p for p in placements)
-        return DTensor.from_local(y, mesh, placements, grad_placements=grad, **kwargs)
-    return _ReduceGrad.apply(DTensor.from_local(y, mesh, placements, **kwargs))
-
-
-class _ReduceGrad(torch.autograd.Function):
-    """Identity forward; backward reduces a Partial gradient (:func:`_reduced`)."""
-
-    @staticmethod
-    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return _reduced(grad)
 
 
 def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
@@ -146,20 +114,6 @@ def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     )
 
 
-def _reduced(grad: torch.Tensor) -> torch.Tensor:
-    """``grad`` with Partial placements reduced: its casts need the summed values.
-
-    The gradient of a Partial output (a rowwise layer) reaches backward Replicate from
-    PyTorch's styles, so this is a no-op in eager. Where torch.compile traces an
-    autograd.Function, it first assumes a gradient with the output's placements
-    (Partial); AOTAutograd then traces the real backward with the tangent coerced to
-    Replicate (``DTensor.__coerce_tangent_metadata__``), where this is again a no-op."""
-    if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
-        placements = [Replicate() if p.is_partial() else p for p in grad.placements]
-        return grad.redistribute(grad.device_mesh, placements)
-    return grad
-
-
 def _gemm(a, a_fmt: str, b, b_fmt: str, out_dtype: torch.dtype, c: MXLinearConfig):
     """``a @ b^T`` of two rowwise casts ``(qdata, scale)``, K-major both."""
     fp6 = [f for f in (a_fmt, b_fmt) if get_format(f).bits == 6]
@@ -199,7 +153,7 @@ class _MXLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         c: MXLinearConfig = ctx.config
         wt_q, wt_s, *saved_x = ctx.saved_tensors
-        dy = _reduced(grad_output).reshape(-1, grad_output.shape[-1])
+        dy = reduced(grad_output).reshape(-1, grad_output.shape[-1])
         m = dy.shape[0]
         grad_x = grad_w = None
         if c.hp_weight_grad:
@@ -250,7 +204,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         c: MXLinearConfig = ctx.config
         wf_col, x2 = ctx.saved_tensors
-        dy = _reduced(grad_output).reshape(-1, grad_output.shape[-1])
+        dy = reduced(grad_output).reshape(-1, grad_output.shape[-1])
         m = dy.shape[0]
         grad_x = grad_w = None
         if c.hp_weight_grad:
@@ -363,39 +317,35 @@ class MXLinear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, weight, device_type = input, self.weight, input.device.type
-        layout = None
+        # Under autocast both operands are cast as F.linear would cast them, and the MX
+        # GEMMs run outside it.
+        dtype = None
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+        fn = self._function(x.device, dtype or x.dtype, dtype or weight.dtype)
         if isinstance(x, DTensor) or isinstance(weight, DTensor):
             layout = linear_layout(self.layer_name, x, weight, self.config)
             if _LOCAL_SHARDS:
-                # One autograd op on the local shards (mx_nn.placements): the same ops
-                # as through DTensor's dispatch, without its per-op host cost.
-                mesh, shape = x.device_mesh, (*x.shape[:-1], weight.shape[0])
-                x = x.to_local(grad_placements=layout.grad_input)
-                weight = weight.to_local(grad_placements=layout.grad_weight)
-        if torch.is_autocast_enabled(device_type):
-            # Cast as autocast would for F.linear, then run the MX GEMMs outside it.
-            dtype = torch.get_autocast_dtype(device_type)
+                y = on_local_shards(fn, x, weight, self.config, layout, dtype)
+                return y if self.bias is None else y + self.bias.to(y.dtype)
+        if dtype is not None:
             x, weight = x.to(dtype), weight.to(dtype)
             with torch.autocast(device_type, enabled=False):
-                y = self._mx_forward(x, weight)
+                y = fn.apply(x, weight, self.config)
         else:
-            y = self._mx_forward(x, weight)
-        if layout is not None and _LOCAL_SHARDS:
-            # The gradient the casts see must be summed: a Partial output's arrives as
-            # Replicate (or is reduced here first).
-            y = _from_local(y, mesh, layout.output, shape)
+            y = fn.apply(x, weight, self.config)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def _mx_forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _function(self, device: torch.device, x_dtype: torch.dtype, w_dtype: torch.dtype):
+        """The autograd function that computes the layer: the fused or the MX path."""
         c = self.config
-        if c.compute_path == "fake_quant" and torch.float16 in (x.dtype, weight.dtype):
+        if c.compute_path == "fake_quant" and torch.float16 in (x_dtype, w_dtype):
             raise ValueError(
                 f"{self.layer_name}: compute_path='fake_quant' takes no fp16 input or weight "
                 "(fake-quantized values can leave fp16's range); use bf16/fp32 or 'mx'"
             )
-        fused = _fake_quant_path(x.device, c, x.dtype)
-        fn = _FakeQuantLinearFunction if fused else _MXLinearFunction
-        return fn.apply(x, weight, c)
+        fused = _fake_quant_path(device, c, x_dtype)
+        return _FakeQuantLinearFunction if fused else _MXLinearFunction
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, config={self.config}"

@@ -1,0 +1,152 @@
+"""An MXLinear's DTensor input and weight run as one autograd op on their local shards.
+
+The layer's ops are the same either way (each mx op's sharding rule keeps its inputs'
+placements and communicates nothing, :mod:`mx_dtensor`), so instead of dispatching each
+of them through DTensor, the layer computes on the local tensors and wraps the result
+in the placements :func:`mx_nn.placements.linear_layout` gives: the same values bit for
+bit and the same gradient placements (``tests/test_local_shards.py``), without DTensor's
+per-op host cost (BENCHMARKS.md, 2026-12-04 'DTensor path: local shards').
+
+Eager, :class:`_OnLocalShards` takes the DTensors in and gives a DTensor out, building
+the output and gradient DTensors from specs made once per layout: ``to_local`` /
+``from_local`` cost more host time than DTensor's dispatch of a cheap op. Under
+torch.compile the same is written with ``to_local`` / ``from_local``, which the compiler
+traces (and then costs nothing at run time).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+from mx_nn.placements import LinearLayout
+
+__all__ = ["on_local_shards", "reduced"]
+
+# torch 2.13's from_local takes the gradient's placements; 2.11's has no such argument
+# and hands a Partial gradient of a Partial output back unreduced.
+_FROM_LOCAL_GRAD = "grad_placements" in inspect.signature(DTensor.from_local).parameters
+_SPECS: dict[tuple, tuple[DTensorSpec, ...]] = {}
+# Eager runs :class:`_OnLocalShards`; False runs the traceable form eagerly too (tests).
+_EAGER_OP = True
+
+
+def reduced(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` with Partial placements reduced: the casts need the summed values.
+
+    Where every mx op is dispatched through DTensor, the gradient of a Partial output (a
+    rowwise layer) reaches MXLinear's backward Replicate from PyTorch's styles, so this
+    is a no-op in eager. Where torch.compile traces an autograd.Function, it first
+    assumes a gradient with the output's placements (Partial); AOTAutograd then traces
+    the real backward with the tangent coerced to Replicate
+    (``DTensor.__coerce_tangent_metadata__``), where this is again a no-op."""
+    if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
+        placements = [Replicate() if p.is_partial() else p for p in grad.placements]
+        return grad.redistribute(grad.device_mesh, placements)
+    return grad
+
+
+def _contiguous(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _summed(placements) -> tuple:
+    return tuple(Replicate() if p.is_partial() else p for p in placements)
+
+
+def on_local_shards(
+    fn, x: DTensor, weight: DTensor, config, layout: LinearLayout, dtype: torch.dtype | None
+) -> DTensor:
+    """``fn.apply(x_local, weight_local, config)`` (an MXLinear autograd function) as one
+    op from DTensors to a DTensor placed as ``layout`` says. ``dtype``: the autocast
+    dtype both operands are cast to first (as F.linear would), or None."""
+    shape = (*x.shape[:-1], weight.shape[0])
+    if not _EAGER_OP or torch.compiler.is_compiling():
+        return _traceable(fn, x, weight, config, layout, dtype, shape)
+    out_dtype = dtype or x.dtype
+    key = (layout, x.device_mesh, x.shape, weight.shape, x.dtype, weight.dtype, out_dtype)
+    specs = _SPECS.get(key)
+    if specs is None:
+        mesh = x.device_mesh
+        specs = (
+            DTensorSpec(mesh, layout.output, TensorMeta(torch.Size(shape), _contiguous(shape),
+                                                        out_dtype)),
+            DTensorSpec(mesh, layout.grad_input, TensorMeta(x.shape, _contiguous(x.shape),
+                                                            x.dtype)),
+            DTensorSpec(mesh, layout.grad_weight, TensorMeta(weight.shape,
+                                                             _contiguous(weight.shape),
+                                                             weight.dtype)),
+        )  # fmt: skip
+        if len(_SPECS) >= 4096:
+            _SPECS.clear()
+        _SPECS[key] = specs
+    return _OnLocalShards.apply(x, weight, fn, config, dtype, specs)
+
+
+class _OnLocalShards(torch.autograd.Function):
+    """DTensors in, DTensor out; ``fn``'s forward and backward run on the local tensors
+    with this op's context (its ``needs_input_grad`` are x's and weight's too)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, fn, config, dtype, specs):
+        x_local, w_local = x._local_tensor, weight._local_tensor
+        if dtype is not None:
+            x_local, w_local = x_local.to(dtype), w_local.to(dtype)
+        ctx.fn, ctx.specs, ctx.dtypes = fn, specs, (x.dtype, weight.dtype)
+        with torch.autocast(x_local.device.type, enabled=False):
+            y = fn.forward(ctx, x_local, w_local, config)
+        # A spec per DTensor, as DTensor makes them: specs are not shared between tensors.
+        return DTensor(y, copy.copy(specs[0]), requires_grad=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_spec, gx_spec, gw_spec = ctx.specs
+        want = _summed(out_spec.placements)
+        if tuple(grad.placements) != want:
+            grad = grad.redistribute(grad.device_mesh, want)
+        with torch.autocast(grad.device.type, enabled=False):
+            grad_x, grad_w, _ = ctx.fn.backward(ctx, grad._local_tensor)
+        x_dtype, w_dtype = ctx.dtypes
+        if grad_x is not None:
+            grad_x = DTensor(grad_x.to(x_dtype).contiguous(), copy.copy(gx_spec),
+                             requires_grad=False)  # fmt: skip
+        if grad_w is not None:
+            grad_w = DTensor(grad_w.to(w_dtype).contiguous(), copy.copy(gw_spec),
+                             requires_grad=False)  # fmt: skip
+        return grad_x, grad_w, None, None, None, None
+
+
+def _traceable(fn, x, weight, config, layout: LinearLayout, dtype, shape) -> DTensor:
+    """The same with ``to_local`` / ``from_local``, for torch.compile to trace."""
+    mesh = x.device_mesh
+    x = x.to_local(grad_placements=layout.grad_input)
+    weight = weight.to_local(grad_placements=layout.grad_weight)
+    if dtype is not None:
+        x, weight = x.to(dtype), weight.to(dtype)
+    with torch.autocast(x.device.type, enabled=False):
+        y = fn.apply(x, weight, config)
+    kwargs = {"run_check": False, "shape": torch.Size(shape), "stride": _contiguous(shape)}
+    if _FROM_LOCAL_GRAD:
+        grad = _summed(layout.output)
+        return DTensor.from_local(y, mesh, layout.output, grad_placements=grad, **kwargs)
+    return _ReduceGrad.apply(DTensor.from_local(y, mesh, layout.output, **kwargs))
+
+
+class _ReduceGrad(torch.autograd.Function):
+    """Identity forward; backward reduces a Partial gradient (:func:`reduced`)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return reduced(grad)
