@@ -32,7 +32,8 @@ class TrainArgs:
     steps: int = 300
     """Optimizer steps per run."""
     batch: int = 16
-    """Sequences per step (global: data parallelism splits it)."""
+    """Sequences per optimizer step, global: each of the ``dp`` ranks takes a contiguous
+    ``batch / dp`` of them, so any ``dp`` trains on the same batches."""
     seq: int = 128
     """Tokens (bytes) per sequence."""
     layers: int = 2
@@ -48,7 +49,7 @@ class TrainArgs:
     tp: int = 1
     """Tensor-parallel degree."""
     dp: int = 1
-    """Data-parallel degree."""
+    """Data-parallel degree (FSDP2: parameters, gradients and optimizer state sharded)."""
     device: str = "cpu"
     """torch device string the run uses."""
     compile: bool = False
@@ -121,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also train bf16 with the same seed, init and batches "
                    "(default: on unless --recipe bf16)")  # fmt: skip
     p.add_argument("--steps", type=_POS_INT, default=d.steps, help="optimizer steps per run")
-    p.add_argument("--batch", type=_POS_INT, default=d.batch, help="sequences per step")
+    p.add_argument("--batch", type=_POS_INT, default=d.batch,
+                   help="sequences per step, global: the --dp ranks take --batch / --dp "
+                   "each, so the batches (and losses) do not depend on --dp")  # fmt: skip
     p.add_argument("--seq", type=_POS_INT, default=d.seq, help="tokens (bytes) per sequence")
     p.add_argument("--layers", type=_POS_INT, default=d.layers, help="transformer blocks")
     p.add_argument("--dim", type=_POS_INT, default=d.dim, help="model width")
@@ -129,8 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-heads", type=_POS_INT, default=d.kv_heads, help="key/value heads")
     p.add_argument("--lr", type=_typed(float, "a positive number", 0.0, exclusive=True),
                    default=d.lr, help="peak learning rate")  # fmt: skip
-    p.add_argument("--tp", type=_POS_INT, default=d.tp, help="tensor-parallel degree")
-    p.add_argument("--dp", type=_POS_INT, default=d.dp, help="data-parallel degree")
+    p.add_argument("--tp", type=_POS_INT, default=d.tp,
+                   help="tensor-parallel degree (torchrun: --tp x --dp processes)")  # fmt: skip
+    p.add_argument("--dp", type=_POS_INT, default=d.dp,
+                   help="data-parallel degree: FSDP2 over --dp ranks, each computing its "
+                   "share of --batch and of the held-out set; the losses reported are "
+                   "the global means (under torchrun: --tp x --dp processes)")  # fmt: skip
     p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument(
@@ -141,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", metavar="DIR", default=d.out, help="output folder")
     p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=d.autocast,
-                   help="compute under bf16 autocast; --no-autocast computes in fp32")
+                   help="compute under bf16 autocast; --no-autocast computes in fp32")  # fmt: skip
     p.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
     p.add_argument("--seed", type=_typed(int, "a non-negative integer", 0), default=d.seed,
                    help="seed of init and batches")  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -38,10 +39,17 @@ SAMPLE_BYTES = 160
 _LOGGERS = ("mx_core", "mx_kernels", "mx_dtensor", "mx_nn")
 
 
+def _log_name() -> str:
+    # torchrun's RANK; the process group is not up yet. Rank 0 keeps the plain name.
+    rank = int(os.environ.get("RANK", "0"))
+    return "train.log" if rank == 0 else f"train-rank{rank}.log"
+
+
 @contextlib.contextmanager
 def _log_to(out: Path):
-    # Which kernels and paths ran (INFO on the mx_* loggers) goes to the run's log file.
-    handler = logging.FileHandler(out / "train.log")
+    # Which kernels and paths ran (INFO on the mx_* loggers) goes to the run's log file,
+    # one per rank (ranks writing one file would interleave their lines).
+    handler = logging.FileHandler(out / _log_name())
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     handler.setLevel(logging.INFO)
     loggers = [logging.getLogger(name) for name in _LOGGERS]
@@ -75,9 +83,11 @@ def _check_resume(args: TrainArgs, saved: dict) -> None:
 
 
 def _full_state_dict(model: torch.nn.Module) -> dict:
-    """``model``'s weights as plain tensors (gathered in full, on every rank, when sharded)."""
+    """``model``'s weights as plain tensors; when sharded (DTensors over tp and/or dp)
+    gathered in full to rank 0's CPU memory (the other ranks get an empty dict)."""
     if dist.is_initialized():
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
     return model.state_dict()
 
 
@@ -150,14 +160,28 @@ def _run(args: TrainArgs, out: Path) -> int:
     return 0
 
 
+def _teardown(barrier: bool) -> None:
+    if not dist.is_initialized():
+        return
+    # Every rank reaches the barrier only once its last collective is done, so no rank
+    # tears gloo down while another's is in flight (gloo's worker threads holding
+    # pending work at teardown abort the process: pytorch/pytorch#179291). After an
+    # unexpected error the other ranks may never arrive: no barrier then.
+    if barrier:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of ``mx-train`` (``mx-train --help`` lists the flags)."""
     args = parse_args(argv)
     try:
-        return run(args)
+        status = run(args)
     except UsageError as e:
         print(f"mx-train: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        status = 2
+    except BaseException:
+        _teardown(barrier=False)
+        raise
+    _teardown(barrier=True)
+    return status

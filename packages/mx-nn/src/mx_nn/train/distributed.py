@@ -3,6 +3,7 @@ the hand-off to ``mx_nn.parallelize``."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -13,7 +14,18 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 import mx_nn
 from mx_nn.train.args import BF16, TrainArgs
 
-__all__ = ["apply_parallel", "dp_rank_and_size", "is_main", "mean_over_dp", "setup"]
+__all__ = [
+    "agree_step",
+    "apply_parallel",
+    "dp_rank_and_size",
+    "dp_shard",
+    "is_main",
+    "max_over_ranks",
+    "sum_over_dp",
+    "setup",
+]
+
+logger = logging.getLogger("mx_nn.train")
 
 
 def setup(args: TrainArgs) -> tuple[DeviceMesh | None, torch.device]:
@@ -47,8 +59,15 @@ def setup(args: TrainArgs) -> tuple[DeviceMesh | None, torch.device]:
 
 
 def apply_parallel(model: nn.Module, mesh: DeviceMesh, recipe: str) -> nn.Module:
-    """``mx_nn.parallelize`` the model on ``mesh`` in ``recipe`` (None for bf16)."""
-    return mx_nn.parallelize(model, mesh, recipe=None if recipe == BF16 else recipe)
+    """``mx_nn.parallelize`` the model on ``mesh`` in ``recipe`` (None for bf16).
+
+    A mesh dim of size 1 is left out (``mesh["dp"]`` alone: FSDP2 only; ``mesh["tp"]``
+    alone: tensor parallel only), so no parameter becomes a DTensor over one rank."""
+    dp, tp = mesh["dp"].size(), mesh["tp"].size()
+    sub = mesh if dp > 1 and tp > 1 else mesh["dp"] if dp > 1 else mesh["tp"]
+    logger.info("mx-train: parallelize on %s mesh %s (dp=%d, tp=%d)",
+                sub.mesh_dim_names, tuple(sub.mesh.shape), dp, tp)  # fmt: skip
+    return mx_nn.parallelize(model, sub, recipe=None if recipe == BF16 else recipe)
 
 
 def dp_rank_and_size(mesh: DeviceMesh | None) -> tuple[int, int]:
@@ -63,10 +82,49 @@ def is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def mean_over_dp(value: float, mesh: DeviceMesh | None) -> float:
-    """The mean of ``value`` over the data-parallel ranks."""
+def dp_shard(rows: int, mesh: DeviceMesh | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This data-parallel rank's share of a global batch of ``rows`` rows: the row
+    indices (int64 [ceil(rows / dp)]) and their weights (float64, 1 or 0).
+
+    Rank r takes the r-th contiguous block, so the dp ranks together see the global
+    batch in its order. When ``rows`` is not a multiple of dp the last blocks are padded
+    with copies of the last row of weight 0: every rank runs the same forward count and
+    shape (FSDP's collectives need it) and the padding counts for nothing."""
+    rank, size = dp_rank_and_size(mesh)
+    per = -(-rows // size)
+    idx = torch.arange(rank * per, (rank + 1) * per)
+    weight = (idx < rows).to(torch.float64)
+    return idx.clamp(max=rows - 1), weight
+
+
+def sum_over_dp(values: list[float], mesh: DeviceMesh | None) -> list[float]:
+    """Elementwise sums of ``values`` over the data-parallel ranks (float64)."""
     if mesh is None or mesh["dp"].size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=mesh.device_type)
+    dist.all_reduce(t, group=mesh["dp"].get_group())
+    return t.tolist()
+
+
+def agree_step(loss: float, stop: bool, mesh: DeviceMesh | None) -> tuple[float, bool]:
+    """After a step: the mean of ``loss`` over the data-parallel ranks (the global
+    batch's loss, the ranks' batches being of one size), and whether any rank was asked
+    to stop, so that all stop after the same step (a signal can reach the ranks between
+    different steps; a rank that stopped alone would leave the others in a collective).
+
+    One all-reduce over all ranks: the tensor-parallel ranks of one dp group hold the
+    same loss, so the mean over all ranks is the mean over dp."""
+    if mesh is None:
+        return loss, stop
+    t = torch.tensor([loss, float(stop)], dtype=torch.float64, device=mesh.device_type)
+    dist.all_reduce(t)
+    return t[0].item() / dist.get_world_size(), t[1].item() > 0
+
+
+def max_over_ranks(value: float, mesh: DeviceMesh | None) -> float:
+    """The largest ``value`` of all ranks."""
+    if mesh is None:
         return value
     t = torch.tensor([value], dtype=torch.float64, device=mesh.device_type)
-    dist.all_reduce(t, group=mesh["dp"].get_group())
-    return t.item() / mesh["dp"].size()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()

@@ -24,7 +24,14 @@ from mx_nn.llama import Llama
 from mx_nn.train import checkpoint
 from mx_nn.train.args import BF16, TrainArgs
 from mx_nn.train.data import ByteData
-from mx_nn.train.distributed import apply_parallel, dp_rank_and_size, is_main, mean_over_dp
+from mx_nn.train.distributed import (
+    agree_step,
+    apply_parallel,
+    dp_shard,
+    is_main,
+    max_over_ranks,
+    sum_over_dp,
+)
 from mx_nn.train.progress import Progress
 
 __all__ = ["RunResult", "TrainingInterrupted", "build_model", "mx_filter", "train_run"]
@@ -50,15 +57,19 @@ class RunResult:
     steps: list[int] = field(default_factory=list)
     """Steps at which the held-out loss was measured."""
     train_loss: list[float] = field(default_factory=list)
-    """Mean training loss over the steps since the previous evaluation."""
+    """Mean training loss (of the global batch) over the steps since the previous
+    evaluation."""
     heldout_loss: list[float] = field(default_factory=list)
-    """Held-out loss after that step."""
+    """Held-out loss after that step (over the whole held-out set, which the
+    data-parallel ranks share out)."""
     tokens: int = 0
-    """Training tokens timed (the first step of each process excluded: warm-up)."""
+    """Training tokens timed, of all data-parallel ranks (the first step of each process
+    excluded: warm-up)."""
     seconds: float = 0.0
     """Wall time of those steps."""
     peak_memory_mib: float = 0.0
-    """Peak CUDA memory allocated, or on CPU the process's peak RSS so far (MiB)."""
+    """Peak CUDA memory allocated, or on CPU the process's peak RSS so far (MiB); the
+    largest of all ranks."""
     memory_kind: str = ""
     """``"cuda allocated"`` or ``"cpu process RSS"``."""
 
@@ -116,14 +127,18 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def _logits(model: nn.Module, inputs: torch.Tensor, autocast: bool) -> torch.Tensor:
+    with torch.autocast(inputs.device.type, torch.bfloat16, enabled=autocast):
+        logits = model(inputs)
+    return _full(logits).float()
+
+
 def loss_of(
     model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, autocast: bool = True
 ) -> torch.Tensor:
     """Mean cross-entropy in nats per token, logits under bf16 autocast (unless
     ``autocast`` is off: fp32), loss in fp32."""
-    with torch.autocast(inputs.device.type, torch.bfloat16, enabled=autocast):
-        logits = model(inputs)
-    return F.cross_entropy(_full(logits).float().flatten(0, 1), targets.flatten())
+    return F.cross_entropy(_logits(model, inputs, autocast).flatten(0, 1), targets.flatten())
 
 
 def _train_step(model, optimizer, inputs, targets, autocast: bool) -> float:
@@ -136,13 +151,21 @@ def _train_step(model, optimizer, inputs, targets, autocast: bool) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches, device: torch.device, autocast: bool = True) -> float:
-    """Held-out loss (nats per token) over ``batches`` of (inputs, targets)."""
-    total, count = 0.0, 0
+def evaluate(model: nn.Module, batches, device: torch.device, autocast: bool = True,
+             mesh: DeviceMesh | None = None) -> float:  # fmt: skip
+    """Held-out loss (nats per token) over ``batches`` of (inputs, targets), int64
+    [rows, seq]: each data-parallel rank of ``mesh`` computes its share of each batch
+    (:func:`~mx_nn.train.distributed.dp_shard`), and the sums meet in one all-reduce."""
+    total, count = 0.0, 0.0
     for inputs, targets in batches:
-        loss = loss_of(model, inputs.to(device), targets.to(device), autocast)
-        total += loss.item() * targets.numel()
-        count += targets.numel()
+        rows, weight = dp_shard(len(inputs), mesh)
+        targets = targets[rows].to(device)
+        logits = _logits(model, inputs[rows].to(device), autocast)
+        per_token = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        per_row = per_token.view(targets.shape).double().sum(1).cpu()
+        total += (per_row * weight).sum().item()
+        count += weight.sum().item() * targets.shape[1]
+    total, count = sum_over_dp([total, count], mesh)
     return total / count
 
 
@@ -199,12 +222,12 @@ def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.dev
         torch.cuda.reset_peak_memory_stats(device)
     forward = torch.compile(model) if args.compile else model
     heldout = data.heldout_batches(args.batch)
-    dp_rank, dp_size = dp_rank_and_size(mesh)
-    local = args.batch // dp_size
+    rows, _ = dp_shard(args.batch, mesh)  # --batch is a multiple of dp: no padding
     eval_every = max(1, args.steps // EVALS)
 
     def save() -> None:
         peak, kind = _peak_memory(device)
+        peak = max_over_ranks(peak, mesh)
         result.peak_memory_mib, result.memory_kind = max(result.peak_memory_mib, peak), kind
         checkpoint.save(ckpt, model, optimizer, {
             "args": args.to_dict(), "run_index": run_index, "step": step,
@@ -215,8 +238,8 @@ def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.dev
     def maybe_evaluate() -> float | None:
         if (step % eval_every and step != args.steps) or step in result.steps:
             return None
-        held = mean_over_dp(evaluate(forward, heldout, device, args.autocast), mesh)
-        train = mean_over_dp(sum(interval) / len(interval), mesh) if interval else math.nan
+        held = evaluate(forward, heldout, device, args.autocast, mesh)
+        train = sum(interval) / len(interval) if interval else math.nan
         result.steps.append(step)
         result.train_loss.append(train)
         result.heldout_loss.append(held)
@@ -225,23 +248,23 @@ def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.dev
 
     progress = Progress(recipe, args.steps, start=step, enabled=is_main())
     stop = _StopFlag()
-    first = True
+    first, stopping = True, False
     try:
         with stop.installed():
             if step:
                 maybe_evaluate()  # a crash may have come between a step and its evaluation
             while step < args.steps:
-                if stop.requested:
+                if stopping:
                     save()
                     raise TrainingInterrupted(recipe, step, ckpt)
                 for group in optimizer.param_groups:
                     group["lr"] = learning_rate(args, step + 1)
                 inputs, targets = data.train_batch(step + 1, args.batch, args.seed)
-                rows = slice(dp_rank * local, (dp_rank + 1) * local)
                 inputs, targets = inputs[rows].to(device), targets[rows].to(device)
                 t0 = time.perf_counter()
                 loss = _train_step(forward, optimizer, inputs, targets, args.autocast)
                 seconds = time.perf_counter() - t0
+                loss, stopping = agree_step(loss, stop.requested, mesh)
                 step += 1
                 interval.append(loss)
                 if not first or args.steps == 1:
