@@ -20,8 +20,10 @@ they dequantize and multiply in fp32 (logged once).
 
 DTensor inputs and weights (as ``parallelize_module`` makes them with PyTorch's
 ``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel`` and ``PrepareModuleInput``)
-run through the same code: every op has a sharding rule (:mod:`mx_dtensor`), so each
-runs on the local shards and nothing is communicated inside the layer. The output is
+run on their local shards: every op has a sharding rule (:mod:`mx_dtensor`) that keeps
+the placements and communicates nothing, so the layer runs as one op from the DTensors
+to a DTensor on the local tensors (:mod:`mx_nn.local_shards`; the same results bit for
+bit as dispatching each op through DTensor, without its per-op host cost). The output is
 Shard(-1) when the weight is Shard(0) (colwise), Partial when the input and weight
 are sharded along K (rowwise), sharded as the input along M when M is. Folding the
 leading dims into M keeps a sharded sequence dim sharded (DTensor turns it into a
