@@ -2,8 +2,8 @@
 styles under parallelize_module (2 gloo ranks), on a tiny MX-like linear: ``FakeMXLinear``
 multiplies the fake-quantized (cast then decoded) input and weight, with straight-through
 gradients, so forward and backward are the same arithmetic under either style and must
-agree bit for bit. Also: the MX gather's bytes, the refusals at apply time and at run
-time, and each style's repr.
+agree bit for bit. Also: the MX gather's bytes and its hook, the refusals at apply time
+and at run time, and each style's repr.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import Replicate
 
 import mx_kernels as mk
 from mx_dtensor.testing import spawn
@@ -91,7 +92,12 @@ def _worker(rank: int, world: int) -> dict:
         parallelize_module,
     )
 
-    from mx_dtensor import MXColwiseParallel, MXRowwiseParallel, MXSequenceParallel
+    from mx_dtensor import (
+        MXColwiseParallel,
+        MXRowwiseParallel,
+        MXSequenceParallel,
+        register_gather_hook,
+    )
 
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(0)
@@ -116,6 +122,20 @@ def _worker(rank: int, world: int) -> dict:
     out["colwise gathered exact"] = _same(mx, hp)
     out["colwise gathered payload"] = (mx[3], hp[3])
     out["colwise gathered backward"] = mx[4] == hp[4]
+    # A gather hook sees the gathered cast the module's input decodes (then is removed).
+    seen = []
+    handle = register_gather_hook(seen.append)
+    _run(MXColwiseParallel(**kw), linear, mesh, x_seq, dy_col)
+    handle.remove()
+    _run(MXColwiseParallel(**kw), linear, mesh, x_seq, dy_col)
+    (got,) = seen
+    decoded = mk.dequantize_rowwise(got.qdata, got.scale, got.fmt, out_dtype=torch.bfloat16)
+    out["hook"] = (
+        len(seen),
+        (type(got.decoded).__name__, got.decoded.placements, tuple(got.decoded.shape)),
+        torch.equal(decoded, got.decoded.to_local()),
+        (got.fmt, got.block_size, got.scale_mode, got.backend),
+    )
     # The same from a DTensor input, as a sequence-parallel region hands it over.
     dt = DTensor.from_local(x_seq, mesh, (Shard(1),))
     out["colwise DTensor input"] = _same(
@@ -181,6 +201,10 @@ def test_styles_against_pytorch_two_ranks():
         ratio = sum(n for *_, n in mx_sent) / sum(n for *_, n in hp_sent)
         assert ratio <= 0.55 and ratio == pytest.approx((1 + 1 / 32) / 2)
         assert r["colwise gathered backward"]  # one reduce-scatter of dX, in bf16
+        n_calls, decoded, exact, cast = r["hook"]
+        assert n_calls == 1 and exact  # called once, not after its handle's remove()
+        assert decoded == ("DTensor", (Replicate(),), (BATCH, SEQ, K))
+        assert cast == ("fp8_e4m3", 32, "rceil", "auto")
         same, log = r["colwise Shard(-1)"]
         assert same and log == [
             "mx_dtensor.MXColwiseParallel: Shard(dim=-1) -> Replicate() gathers in high "

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = ["MX_OPS", "MXShardingError", "local_sizes", "split_block_reason"]
 
-from mx_dtensor.gather import mx_all_gather  # noqa: E402
+from mx_dtensor.gather import GatheredCast, mx_all_gather, register_gather_hook  # noqa: E402
 from mx_dtensor.styles import (  # noqa: E402
     MXColwiseParallel,
     MXRowwiseParallel,
@@ -25,9 +25,11 @@ from mx_dtensor.styles import (  # noqa: E402
 )
 
 __all__ += [
+    "GatheredCast",
     "MXColwiseParallel",
     "MXRowwiseParallel",
     "MXSequenceParallel",
     "PrepareMXModuleInput",
     "mx_all_gather",
+    "register_gather_hook",
 ]

@@ -19,18 +19,27 @@ cast of once-rounded values, so dW differs from the high-precision gather's by M
 rounding (the linears save what they would save anyway: no extra activation memory; no
 all-gather in backward). The other collectives of a block (the rowwise outputs'
 reduce-scatter and its backward all-gather) stay in high precision.
+
+The styles' gathers (:func:`gather_replicated`) also hand the gathered cast to the hooks
+of :func:`register_gather_hook`: layers that keep their input casts (``mx_nn``'s
+linears) can take it instead of casting the decoded values again.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.utils.hooks import RemovableHandle
 
 import mx_kernels
 
-__all__ = ["gather_replicated", "mx_all_gather"]
+__all__ = ["GatheredCast", "gather_replicated", "mx_all_gather", "register_gather_hook"]
 
 
 # torch 2.13 renamed these (same arguments); 2.11 has only the old names.
@@ -52,13 +61,15 @@ class _MXAllGather(torch.autograd.Function):
         codes = _wait(_all_gather(qdata.view(torch.uint8), dim, mesh))
         scales = _wait(_all_gather(scale.view(torch.uint8), dim, mesh))
         ctx.mesh, ctx.dim = mesh, dim
-        return mx_kernels.dequantize_rowwise(
-            codes.view(qdata.dtype), scales.view(scale.dtype), fmt,
-            block_size=block_size, out_dtype=x.dtype, backend=backend,
-        )  # fmt: skip
+        codes, scales = codes.view(qdata.dtype), scales.view(scale.dtype)
+        ctx.mark_non_differentiable(codes, scales)
+        decoded = mx_kernels.dequantize_rowwise(
+            codes, scales, fmt, block_size=block_size, out_dtype=x.dtype, backend=backend
+        )
+        return decoded, codes, scales
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, _codes, _scales):
         dim = ctx.dim
         out = _reduce_scatter(grad.contiguous(), "sum", dim, ctx.mesh)
         return _wait(out), None, None, None, None, None, None
@@ -80,12 +91,49 @@ def mx_all_gather(
     ``dim`` must not be the last one (the blocks run along it); K divisible by
     ``block_size``. Backward: reduce-scatter of the gradient along ``dim`` in its dtype.
     """
+    dim = _gather_dim(x, mesh, dim)
+    return _MXAllGather.apply(x, mesh, dim, fmt, block_size, scale_mode, backend)[0]
+
+
+def _gather_dim(x: torch.Tensor, mesh: DeviceMesh, dim: int) -> int:
     dim = dim % x.ndim
     if dim == x.ndim - 1:
         raise ValueError(f"mx_all_gather: dim={dim} is the blocked (last) dim of {tuple(x.shape)}")
     if mesh.ndim != 1:
         raise ValueError(f"mx_all_gather needs a 1-D mesh, got {mesh.ndim}-D")
-    return _MXAllGather.apply(x, mesh, dim, fmt, block_size, scale_mode, backend)
+    return dim
+
+
+class GatheredCast(NamedTuple):
+    """An MX gather of the styles, as :func:`register_gather_hook`'s hooks see it."""
+
+    decoded: DTensor
+    """The ``Replicate()`` DTensor [..., K] handed to the module (the decoded cast)."""
+    qdata: torch.Tensor
+    """The gathered codes [..., K] (fp4: [..., K // 2] uint8), a local tensor."""
+    scale: torch.Tensor
+    """The gathered E8M0 scales [..., K // block_size], a local tensor."""
+    fmt: str
+    block_size: int
+    scale_mode: str
+    backend: str
+
+
+_HOOKS: OrderedDict[int, Callable[[GatheredCast], None]] = OrderedDict()
+
+
+def register_gather_hook(hook: Callable[[GatheredCast], None]) -> RemovableHandle:
+    """Call ``hook(gathered)`` after every MX gather of the MX styles, in eager mode
+    (not under torch.compile), before the gathered input reaches the module.
+
+    For layers that keep the casts of their inputs (``mx_nn`` hands the gathered cast
+    to its linears this way, so they skip recasting the decoded values along the same
+    blocks, which would give them back unchanged). Returns a handle whose ``remove()``
+    unregisters it.
+    """
+    handle = RemovableHandle(_HOOKS)
+    _HOOKS[handle.id] = hook
+    return handle
 
 
 def gather_replicated(
@@ -127,11 +175,15 @@ def gather_replicated(
         # cast (as F.linear would): cast the same values here, or the gather's cast of
         # the higher-precision values would differ from theirs.
         x = x.to(torch.get_autocast_dtype(device_type))
-    out = mx_all_gather(
-        x, mesh, dim, fmt=fmt, block_size=block_size, scale_mode=scale_mode, backend=backend
-    )
+    dim = _gather_dim(x, mesh, dim)
+    out, codes, scales = _MXAllGather.apply(x, mesh, dim, fmt, block_size, scale_mode, backend)
     # The consumers' gradients are partial sums (a columnwise linear's dX): they pass
     # through as they are, and the gather's backward reduce-scatters them.
-    return DTensor.from_local(
+    decoded = DTensor.from_local(
         out, mesh, (Replicate(),), run_check=False, grad_placements=(Partial(),)
     )
+    if _HOOKS and not torch.compiler.is_compiling():
+        gathered = GatheredCast(decoded, codes, scales, fmt, block_size, scale_mode, backend)
+        for hook in tuple(_HOOKS.values()):
+            hook(gathered)
+    return decoded
