@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch.distributed.tensor import DTensor
 
-__all__ = ["cast_shared", "clear_cast_cache"]
+__all__ = ["cast_shared", "clear_cast_cache", "prime_cast"]
 
 
 class _Entry(NamedTuple):
@@ -47,18 +47,31 @@ def _identity(x: torch.Tensor) -> tuple:
     )  # fmt: skip
 
 
+def _key(x: torch.Tensor, cast, args: tuple, kwargs: dict) -> tuple:
+    return (_identity(x), cast, args, tuple(sorted(kwargs.items())))
+
+
 def cast_shared(site: str, cast, x: torch.Tensor, *args, **kwargs):
     """``cast(x, *args, **kwargs)``, or the result of the last call at ``site`` when it
     was made from the same tensor with the same arguments (see the module doc)."""
     if torch.compiler.is_compiling():
         return cast(x, *args, **kwargs)
-    key = (_identity(x), cast, args, tuple(sorted(kwargs.items())))
+    key = _key(x, cast, args, kwargs)
     entry = _ENTRIES.get(site)
     if entry is not None and entry.key == key:
         return entry.out
     out = cast(x, *args, **kwargs)
     _ENTRIES[site] = _Entry(x, key, out)
     return out
+
+
+def prime_cast(site: str, cast, x: torch.Tensor, out, *args, **kwargs) -> None:
+    """Make ``out`` what the next ``cast_shared(site, cast, x, *args, **kwargs)`` returns
+    while ``x`` is unchanged: a result of that cast known from elsewhere (an MX gather
+    that made it). No-op under torch.compile, as :func:`cast_shared`."""
+    if torch.compiler.is_compiling():
+        return
+    _ENTRIES[site] = _Entry(x, _key(x, cast, args, kwargs), out)
 
 
 def clear_cast_cache() -> None:

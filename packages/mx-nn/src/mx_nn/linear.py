@@ -12,7 +12,9 @@ dY [M, N]); the cast of a tensor needed in both orientations is one pass
 
 Layers that read the same input tensor (q/k/v, gate/up) share its casts: each cast of
 the input is made once and reused while the tensor is unchanged (:mod:`mx_nn.cast_cache`;
-under torch.compile the compiler merges the identical casts).
+under torch.compile the compiler merges the identical casts). After an MX all-gather of
+mx-dtensor's styles no layer makes the forward one: the gather's cast is handed over
+(:mod:`mx_nn.gathered_cast`).
 
 Rows are padded with zeros to a multiple of the block size where a cast runs along M
 (zeros add nothing to dW). fp6 formats and block sizes other than 32 have no MX GEMM:
@@ -54,6 +56,7 @@ from torch.distributed.tensor import DTensor
 
 import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 import mx_kernels
+import mx_nn.gathered_cast  # noqa: F401  (MX gathers hand their cast to these layers)
 from mx_core import MXTensor, get_format
 from mx_kernels.matmul import bf16_gemm, bf16_gemm_design
 from mx_nn.cast_cache import cast_shared

@@ -63,9 +63,11 @@ def parallelize(
             (dim 1). Where it cannot apply (no embedding or final norm found) it is
             logged and plain tensor parallelism runs.
         mx_comms: with sequence parallelism and a recipe, gather each attention and MLP
-            input as the linears' MX input cast (codes + scales, 0.52x bf16's bytes;
-            ``mx_dtensor.PrepareMXModuleInput``): the same forward values, dW from a
-            second cast of them. False gathers in high precision. No effect at tp=1.
+            input (and an MX head's, ``mx_lm_head``) as the linears' MX input cast
+            (codes + scales, 0.52x bf16's bytes; ``mx_dtensor.PrepareMXModuleInput`` and
+            ``MXColwiseParallel``): the same forward values, dW from a second cast of
+            them. False gathers in high precision. No effect at tp=1. Either way the
+            MX linears get mx-dtensor's MX styles (``mx_nn.tp_plan``).
         mx_lm_head: convert the LM head too.
         compile: ``torch.compile`` each decoder block (in place, fqns unchanged).
 
@@ -107,16 +109,8 @@ def parallelize(
             parallelize_module(model, tp_mesh, explicit)
             logger.info("mx_nn.parallelize: explicit plan, %d modules, tp=%d", len(explicit), tp)
         else:
-            mx_gather = None
-            # The cast the linears' inputs get; at tp=1 nothing moves, so nothing to cast.
-            if mx_comms and config is not None and tp > 1:
-                mx_gather = {
-                    "fmt": config.input_fmt,
-                    "block_size": config.block_size,
-                    "scale_mode": config.scale_mode_name,
-                    "backend": config.cast_backend,
-                }
-            _apply_tp(model, model_map, tp_mesh, sp, mx_gather)
+            # At tp=1 nothing moves, so there is nothing to cast for a gather.
+            _apply_tp(model, model_map, tp_mesh, sp, mx_comms and tp > 1)
     blocks = [model.get_submodule(b) for b in model_map.blocks] if model_map else []
     if compile:
         for block in blocks:
@@ -283,13 +277,13 @@ def _check_split(fqn: str, dim: str, size: int, tp: int, block: int | None) -> N
 
 
 def _apply_tp(
-    model: nn.Module, model_map: ModelMap, tp_mesh: DeviceMesh, sp: bool, mx_gather: dict | None
+    model: nn.Module, model_map: ModelMap, tp_mesh: DeviceMesh, sp: bool, mx_comms: bool
 ) -> None:
     n, tp = model_map.naming, tp_mesh.size()
     full: dict[str, ParallelStyle] = {}
     for b in model_map.blocks:
         block = model.get_submodule(b)
-        styles = block_plan(block, n, sequence_parallel=sp, mx_gather=mx_gather)
+        styles = block_plan(block, n, sequence_parallel=sp, mx_comms=mx_comms)
         full.update({f"{b}.{k}": v for k, v in styles.items()})
         attn = block.get_submodule(n.attention)
         for attr in _HEAD_ATTRS:
@@ -297,7 +291,7 @@ def _apply_tp(
                 getattr(attn, attr), bool
             ):
                 setattr(attn, attr, getattr(attn, attr) // tp)
-    full.update(root_plan(model_map, sequence_parallel=sp))
+    full.update(root_plan(model, model_map, sequence_parallel=sp, mx_comms=mx_comms))
     parallelize_module(model, tp_mesh, full)
     if sp and model_map.embedding is not None:
         emb = model.get_submodule(model_map.embedding)

@@ -15,12 +15,14 @@ final norm, head    ``norm``, ``lm_head``            ``norm``, ``output``
 ==================  ===============================  ==============================
 
 The plan is torchtitan's Llama plan, written as one flat dict per block in forward
-order. Layouts of the residual stream with sequence parallelism: ``Shard(1)`` (tokens
-split across ranks) between blocks, ``Replicate()`` inside attention and MLP, and the
-heads / hidden features split across ranks inside (``use_local_output``: the model's
-own attention code sees plain local tensors with ``n_heads / tp`` heads). The residual
-stream stays a DTensor so that code reading its shape (position ids, masks) sees the
-whole sequence.
+order, with mx-dtensor's MX styles where a linear is an MXLinear (as torchtitan's float8
+plan swaps in its float8 styles) and PyTorch's for the rest (norms, the embedding, a
+high-precision LM head, models left unconverted). Layouts of the residual stream with
+sequence parallelism: ``Shard(1)`` (tokens split across ranks) between blocks,
+``Replicate()`` inside attention and MLP, and the heads / hidden features split across
+ranks inside (``use_local_output``: the model's own attention code sees plain local
+tensors with ``n_heads / tp`` heads). The residual stream stays a DTensor so that code
+reading its shape (position ids, masks) sees the whole sequence.
 """
 
 from __future__ import annotations
@@ -38,9 +40,18 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from mx_dtensor.styles import PrepareMXModuleInput
+from mx_dtensor import MXColwiseParallel, MXRowwiseParallel, PrepareMXModuleInput
+from mx_nn.linear import MXLinear
 
-__all__ = ["ModelMap", "Naming", "NAMINGS", "block_plan", "find_model_map", "root_plan"]
+__all__ = [
+    "ModelMap",
+    "Naming",
+    "NAMINGS",
+    "block_plan",
+    "find_model_map",
+    "input_cast",
+    "root_plan",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,13 +190,46 @@ def _required_positional(module: nn.Module) -> int:
     return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params)
 
 
+def input_cast(linear: nn.Module) -> dict | None:
+    """The MX input cast of ``linear`` as keyword arguments of the MX styles (``fmt``,
+    ``block_size``, ``scale_mode``, ``backend``), or None when it is not an MXLinear."""
+    if not isinstance(linear, MXLinear):
+        return None
+    c = linear.config
+    return {"fmt": c.input_fmt, "block_size": c.block_size, "scale_mode": c.scale_mode_name,
+            "backend": c.cast_backend}  # fmt: skip
+
+
+def _shared_cast(linears: list[nn.Module]) -> dict | None:
+    """The input cast all ``linears`` make, or None if one is not MX or they differ (an
+    MX gather must give each of them its own cast's values)."""
+    casts = [input_cast(m) for m in linears]
+    first = casts[0]
+    same = first is not None and all(
+        c is not None and {**c, "backend": None} == {**first, "backend": None} for c in casts
+    )
+    return first if same else None
+
+
+def _colwise(linear: nn.Module, **layouts) -> ParallelStyle:
+    cast = input_cast(linear)
+    return ColwiseParallel(**layouts) if cast is None else MXColwiseParallel(**layouts, **cast)
+
+
+def _rowwise(linear: nn.Module, **layouts) -> ParallelStyle:
+    if not isinstance(linear, MXLinear):
+        return RowwiseParallel(**layouts)
+    return MXRowwiseParallel(**layouts, block_size=linear.config.block_size)
+
+
 def _gather_input(
-    block: nn.Module, path: str, kwarg: str | None, mx_gather: dict | None
+    block: nn.Module, path: str, kwarg: str | None, linears: tuple[str, ...], mx_comms: bool
 ) -> PrepareModuleInput:
-    """Shard(1) -> Replicate for a module's hidden-state input, once for all its linears
-    (in MX when ``mx_gather`` holds the cast's fmt, block_size and scale_mode)."""
+    """Shard(1) -> Replicate for a module's hidden-state input, once for all its
+    ``linears`` (in MX with ``mx_comms`` when they all make the same MX input cast)."""
+    cast = _shared_cast([block.get_submodule(f"{path}.{p}") for p in linears])
     style, extra = (
-        (PrepareModuleInput, {}) if mx_gather is None else (PrepareMXModuleInput, mx_gather)
+        (PrepareMXModuleInput, cast) if mx_comms and cast is not None else (PrepareModuleInput, {})
     )
     if kwarg is not None:
         return style(
@@ -200,53 +244,66 @@ def _gather_input(
 
 
 def block_plan(
-    block: nn.Module, naming: Naming, *, sequence_parallel: bool, mx_gather: dict | None = None
+    block: nn.Module, naming: Naming, *, sequence_parallel: bool, mx_comms: bool = False
 ) -> dict[str, ParallelStyle]:
     """The TP plan of one decoder block, keys relative to the block, in forward order.
 
-    With sequence parallelism (torchtitan's plan)::
+    With sequence parallelism (torchtitan's plan; each style as PyTorch's, or its MX
+    counterpart from :mod:`mx_dtensor` where the linear is an MXLinear)::
 
-        attention_norm   SequenceParallel         Shard(1) -> Shard(1)
-        attention        PrepareModuleInput       Shard(1) -> Replicate  (one all-gather)
-        wq, wk, wv       ColwiseParallel          Replicate -> Shard(-1) (local heads)
-        wo               RowwiseParallel          Shard(-1) -> Shard(1)  (reduce-scatter)
+        attention_norm   SequenceParallel          Shard(1) -> Shard(1)
+        attention        PrepareMXModuleInput      Shard(1) -> Replicate  (one all-gather)
+        wq, wk, wv       MXColwiseParallel         Replicate -> Shard(-1) (local heads)
+        wo               MXRowwiseParallel         Shard(-1) -> Shard(1)  (reduce-scatter)
         ffn_norm         SequenceParallel
-        feed_forward     PrepareModuleInput       Shard(1) -> Replicate
-        w1, w3           ColwiseParallel
-        w2               RowwiseParallel          -> Shard(1)
+        feed_forward     PrepareMXModuleInput      Shard(1) -> Replicate
+        w1, w3           MXColwiseParallel
+        w2               MXRowwiseParallel         -> Shard(1)
 
-    Without it the norms run replicated and the rowwise outputs are all-reduced to
-    ``Replicate()``. With ``mx_gather`` (keyword arguments of ``PrepareMXModuleInput``)
-    the two gathers move MX codes and scales instead (``mx_dtensor.styles``).
+    The gathers are ``PrepareMXModuleInput`` (codes and scales move) with ``mx_comms``
+    when the linears after them share one MX input cast, ``PrepareModuleInput``
+    otherwise. The norms keep PyTorch's ``SequenceParallel``: the linears after the
+    gather see the whole sequence. Without sequence parallelism the norms run
+    replicated and the rowwise outputs are all-reduced to ``Replicate()``.
     """
     n, a, m = naming, naming.attention, naming.mlp
-    col, row = ColwiseParallel, RowwiseParallel
+
+    def col(path: str) -> ParallelStyle:
+        return _colwise(block.get_submodule(path))
+
+    def row(path: str, **layouts) -> ParallelStyle:
+        return _rowwise(block.get_submodule(path), **layouts)
+
+    qkv = {f"{a}.{p}": col(f"{a}.{p}") for p in n.qkv}
+    gate_up = {f"{m}.{p}": col(f"{m}.{p}") for p in n.gate_up}
+    out, down = f"{a}.{n.out}", f"{m}.{n.down}"
     if not sequence_parallel:
-        return {
-            **{f"{a}.{p}": col() for p in n.qkv},
-            f"{a}.{n.out}": row(),
-            **{f"{m}.{p}": col() for p in n.gate_up},
-            f"{m}.{n.down}": row(),
-        }
+        return {**qkv, out: row(out), **gate_up, down: row(down)}
+    to_seq = {"output_layouts": Shard(1), "use_local_output": False}
     return {
         n.attention_norm: SequenceParallel(),
-        a: _gather_input(block, a, n.attention_kwarg, mx_gather),
-        **{f"{a}.{p}": col() for p in n.qkv},
-        f"{a}.{n.out}": row(output_layouts=Shard(1), use_local_output=False),
+        a: _gather_input(block, a, n.attention_kwarg, n.qkv, mx_comms),
+        **qkv,
+        out: row(out, **to_seq),
         n.mlp_norm: SequenceParallel(),
-        m: _gather_input(block, m, None, mx_gather),
-        **{f"{m}.{p}": col() for p in n.gate_up},
-        f"{m}.{n.down}": row(output_layouts=Shard(1), use_local_output=False),
+        m: _gather_input(block, m, None, n.gate_up, mx_comms),
+        **gate_up,
+        down: row(down, **to_seq),
     }
 
 
-def root_plan(model_map: ModelMap, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """TP plan of the embedding, final norm and LM head (those the model has).
+def root_plan(
+    model: nn.Module, model_map: ModelMap, *, sequence_parallel: bool, mx_comms: bool = False
+) -> dict[str, ParallelStyle]:
+    """TP plan of ``model``'s embedding, final norm and LM head (those it has).
 
     The embedding is split along the vocabulary (rowwise: each rank looks up its rows,
     partial sums reduced, with SP reduce-scattered to ``Shard(1)``); the head is
     columnwise along the vocabulary, its logits all-gathered to ``Replicate()`` (a plain
-    tensor) for any loss.
+    tensor) for any loss. A high-precision head keeps ``ColwiseParallel``; an MX one
+    (``mx_lm_head``) gets ``MXColwiseParallel``, whose gather of the sequence shard
+    moves MX (``mx_comms``), except with sequence parallelism and no ``mx_comms``,
+    where it keeps ``ColwiseParallel`` and its high-precision gather.
     """
     plan: dict[str, ParallelStyle] = {}
     seq = Shard(1) if sequence_parallel else Replicate()
@@ -257,7 +314,10 @@ def root_plan(model_map: ModelMap, *, sequence_parallel: bool) -> dict[str, Para
     if sequence_parallel and model_map.norm is not None:
         plan[model_map.norm] = SequenceParallel()
     if model_map.head is not None:
-        plan[model_map.head] = ColwiseParallel(
-            input_layouts=seq, output_layouts=Replicate(), use_local_output=True
+        head = model.get_submodule(model_map.head)
+        layouts = {"input_layouts": seq, "output_layouts": Replicate(), "use_local_output": True}
+        hp_gather = sequence_parallel and not mx_comms
+        plan[model_map.head] = (
+            ColwiseParallel(**layouts) if hp_gather else _colwise(head, **layouts)
         )
     return plan

@@ -1,0 +1,54 @@
+"""MXLinear layers after an MX all-gather take its cast instead of casting again.
+
+mx-dtensor's ``PrepareMXModuleInput`` and ``MXColwiseParallel`` gather a sequence shard
+as its rowwise MX cast and hand the module the decoded values; q/k/v (gate/up) would
+then cast those values rowwise along the same blocks, which gives the same values back
+(mx-dtensor's ``test_recasting_decoded_values_reproduces_them``: every format and scale
+mode). The hook registered here (``mx_dtensor.register_gather_hook``, on ``import
+mx_nn``) primes :mod:`mx_nn.cast_cache` with the result of MXLinear's forward input
+cast of the gathered tensor, so the first linear finds it there and none casts:
+
+- fused path (``fake_quantize_rowwise``): the decoded tensor itself;
+- MX path (``quantize_rowwise``): the gathered codes and scales. They decode to the same
+  values as a recast, though not always in the same representation: with ceil-type
+  scale modes a block whose decoded amax rounded down gets a scale one lower and codes
+  twice as large from the recast. A GEMM multiplies the values; scaling one operand's
+  codes by two and its scale by a half scales every product and partial sum by exact
+  powers of two, so the output is the same.
+
+The key is the one MXLinear's own call uses (the [M, K] view of the input, the cast,
+its fmt, block size, scale mode and backend): a gather with another cast than the
+linears' primes entries they never match, and they cast as before. Eager only, as the
+cache (under torch.compile the hooks are not called).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+
+import mx_kernels
+from mx_dtensor import GatheredCast, register_gather_hook
+from mx_nn.cast_cache import prime_cast
+
+__all__ = ["prime_linear_inputs"]
+
+
+def _rows(t: torch.Tensor, mesh) -> DTensor:
+    return DTensor.from_local(t.reshape(-1, t.shape[-1]), mesh, (Replicate(),), run_check=False)
+
+
+def prime_linear_inputs(gathered: GatheredCast) -> None:
+    """Prime MXLinear's forward input casts (both paths) of ``gathered.decoded``."""
+    x = gathered.decoded
+    kwargs = {"block_size": gathered.block_size, "scale_mode": gathered.scale_mode,
+              "backend": gathered.backend}  # fmt: skip
+    with torch.no_grad():  # views for the cache's keys, outside the autograd graph
+        x2 = x.reshape(-1, x.shape[-1])  # MXLinear's [M, K] view of its input
+        cast = (_rows(gathered.qdata, x.device_mesh), _rows(gathered.scale, x.device_mesh))
+    # Looked up at each call, as MXLinear does: the cast function is part of the key.
+    for fn, out in ((mx_kernels.fake_quantize_rowwise, x2), (mx_kernels.quantize_rowwise, cast)):
+        prime_cast(fn.__name__, fn, x2, out, gathered.fmt, **kwargs)
+
+
+register_gather_hook(prime_linear_inputs)

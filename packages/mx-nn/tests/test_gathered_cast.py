@@ -1,0 +1,97 @@
+"""mx_nn.gathered_cast: after an MX all-gather (PrepareMXModuleInput) the q/k/v MXLinears
+take the gather's cast and make no forward input cast of their own; their outputs are
+bit-identical to those after a bf16 gather (the linears' own cast of those values), on
+both compute paths (2 gloo ranks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mx_dtensor.testing import spawn
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="no torch.distributed")
+
+DIM, OUT, BATCH, SEQ = 128, 64, 2, 64
+
+
+class QKV(nn.Module):
+    """Three linears reading one input, as attention's q, k and v do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(DIM, OUT, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        return self.q(x), self.k(x), self.v(x)
+
+
+def _counting(fn, calls: list):
+    def wrapper(x, *args, **kwargs):
+        calls.append((fn.__name__, type(x).__name__, tuple(x.shape)))
+        return fn(x, *args, **kwargs)
+
+    wrapper.__name__ = fn.__name__  # the cast memo names its sites by the cast's name
+    return wrapper
+
+
+def _worker(rank: int, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
+
+    import mx_kernels
+    import mx_nn
+    from mx_dtensor import MXColwiseParallel, PrepareMXModuleInput
+
+    calls: list = []
+    for name in ("quantize_rowwise", "fake_quantize_rowwise"):
+        setattr(mx_kernels, name, _counting(getattr(mx_kernels, name), calls))
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(BATCH, SEQ, DIM, generator=g).to(torch.bfloat16).chunk(world, 1)[rank]
+    layouts = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
+    out = {}
+    for path in ("mx", "fake_quant"):
+        config = mx_nn.MXLinearConfig.from_recipe("mxfp8", compute_path=path)
+        c = config
+        cast = {"fmt": c.input_fmt, "block_size": c.block_size, "scale_mode": c.scale_mode_name,
+                "backend": c.cast_backend}  # fmt: skip
+        gathers = {
+            "bf16": PrepareModuleInput(**layouts),
+            "mx": PrepareMXModuleInput(**layouts, **cast),
+            "mx, another cast": PrepareMXModuleInput(**layouts, **{**cast, "fmt": "fp8_e5m2"}),
+        }
+        for name, gather in gathers.items():
+            torch.manual_seed(0)
+            model = mx_nn.convert(QKV().to(torch.bfloat16), config)
+            plan = {p: MXColwiseParallel(**cast) for p in ("q", "k", "v")}
+            parallelize_module(model, mesh, gather)
+            parallelize_module(model, mesh, plan)
+            leaf = x.detach().clone().requires_grad_()
+            calls.clear()
+            ys = model(leaf)
+            forward = list(calls)
+            sum(y.float().sum() for y in ys).backward()  # the backward runs as before
+            out[path, name] = {
+                # The linears' forward input casts: of the [M, K] view of the whole input.
+                "linear casts": [c for c in forward if c[1:] == ("DTensor", (BATCH * SEQ, DIM))],
+                "ys": [y.detach() for y in ys],
+                "grad": leaf.grad is not None,
+            }
+    return out
+
+
+def test_linears_take_the_gathered_cast():
+    for r in spawn(_worker, 2):
+        for path, site in (("mx", "quantize_rowwise"), ("fake_quant", "fake_quantize_rowwise")):
+            bf16, mx, other = (r[path, n] for n in ("bf16", "mx", "mx, another cast"))
+            one_cast = [(site, "DTensor", (BATCH * SEQ, DIM))]
+            assert bf16["linear casts"] == one_cast, path  # shared by q, k and v
+            assert mx["linear casts"] == [], path  # handed over by the gather
+            assert other["linear casts"] == one_cast, path  # the primed key did not match
+            for a, b in zip(mx["ys"], bf16["ys"], strict=True):
+                assert torch.equal(a, b), path
+            assert bf16["grad"] and mx["grad"]

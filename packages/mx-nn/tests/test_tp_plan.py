@@ -1,0 +1,96 @@
+"""mx_nn.tp_plan: which style each module of a torchtitan-named model gets (no process
+group: the plan is only built here; test_parallelize.py runs it).
+
+MX linears get mx-dtensor's MX styles with their own cast, everything else PyTorch's;
+the gathers move MX only with mx_comms and a shared MX input cast."""
+
+import sys
+from pathlib import Path
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+import mx_nn
+from mx_dtensor import MXColwiseParallel, MXRowwiseParallel, PrepareMXModuleInput
+from mx_nn.tp_plan import block_plan, find_model_map, root_plan
+
+sys.path.insert(0, str(Path(__file__).parent))
+from parallel_models import titan_model  # noqa: E402
+
+
+def _types(plan: dict) -> dict:
+    return {k: type(v) for k, v in plan.items()}
+
+
+def _plans(model, **kw):
+    model_map = find_model_map(model)
+    block = model.get_submodule(model_map.blocks[0])
+    return (
+        block_plan(block, model_map.naming, **kw),
+        root_plan(model, model_map, **kw),
+    )
+
+
+def test_mx_block_gets_mx_styles_in_torchtitan_order():
+    model = mx_nn.convert(titan_model(), "mxfp8_e5m2_grads", filter_fn=lambda _m, f: f != "output")
+    block, root = _plans(model, sequence_parallel=True, mx_comms=True)
+    col, row = MXColwiseParallel, MXRowwiseParallel
+    assert list(_types(block).items()) == [
+        ("attention_norm", SequenceParallel),
+        ("attention", PrepareMXModuleInput),
+        ("attention.wq", col),
+        ("attention.wk", col),
+        ("attention.wv", col),
+        ("attention.wo", row),
+        ("ffn_norm", SequenceParallel),
+        ("feed_forward", PrepareMXModuleInput),
+        ("feed_forward.w1", col),
+        ("feed_forward.w3", col),
+        ("feed_forward.w2", row),
+    ]
+    wq, wo, gather = block["attention.wq"], block["attention.wo"], block["attention"]
+    assert (wq.fmt, wq.block_size, wq.scale_mode) == ("fp8_e4m3", 32, "rceil")
+    assert wo.output_layouts == (Shard(1),) and not wo.use_local_output
+    assert (gather.fmt, gather.block_size) == ("fp8_e4m3", 32)
+    # The head stays high precision: PyTorch's style, its gather in bf16.
+    assert _types(root) == {
+        "tok_embeddings": RowwiseParallel,
+        "norm": SequenceParallel,
+        "output": ColwiseParallel,
+    }
+    assert root["output"].input_layouts == (Shard(1),)
+
+
+def test_without_mx_comms_the_gathers_stay_high_precision():
+    model = mx_nn.convert(titan_model(), "mxfp8")  # the head too
+    block, root = _plans(model, sequence_parallel=True, mx_comms=False)
+    assert type(block["attention"]) is PrepareModuleInput
+    assert type(block["attention.wq"]) is MXColwiseParallel
+    assert type(root["output"]) is ColwiseParallel  # its Shard(1) gather stays bf16
+    block, root = _plans(model, sequence_parallel=True, mx_comms=True)
+    assert type(root["output"]) is MXColwiseParallel  # its gather moves MX
+    assert root["output"].input_layouts == (Shard(1),)
+    block, root = _plans(model, sequence_parallel=False, mx_comms=False)
+    assert type(root["output"]) is MXColwiseParallel
+    assert root["output"].input_layouts == (Replicate(),)  # nothing to gather
+    assert type(block["attention.wo"]) is MXRowwiseParallel
+    assert block["attention.wo"].output_layouts == (Replicate(),)
+
+
+def test_unconverted_and_mixed_casts_keep_pytorch_styles():
+    block, _ = _plans(titan_model(), sequence_parallel=True, mx_comms=True)
+    assert {type(v) for k, v in block.items() if "." in k} == {ColwiseParallel, RowwiseParallel}
+    assert type(block["attention"]) is PrepareModuleInput
+    # q in fp8 e5m2, k and v in e4m3: one MX gather cannot give each its own cast.
+    model = titan_model()
+    mx_nn.convert(model, "mxfp8", filter_fn=lambda _m, f: ".attention.wq" not in f)
+    mx_nn.convert(model, mx_nn.MXLinearConfig(input_fmt="fp8_e5m2"))
+    block, _ = _plans(model, sequence_parallel=True, mx_comms=True)
+    assert type(block["attention"]) is PrepareModuleInput
+    assert block["attention.wq"].fmt == "fp8_e5m2" and block["attention.wk"].fmt == "fp8_e4m3"
+    assert type(block["feed_forward"]) is PrepareMXModuleInput
