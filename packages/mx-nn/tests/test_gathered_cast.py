@@ -76,8 +76,8 @@ def _worker(rank: int, world: int) -> dict:
             forward = list(calls)
             sum(y.float().sum() for y in ys).backward()  # the backward runs as before
             out[path, name] = {
-                # The linears' forward input casts: of the [M, K] view of the whole input.
-                "linear casts": [c for c in forward if c[1:] == ("DTensor", (BATCH * SEQ, DIM))],
+                # The linears' forward input casts: of the [M, K] view of the local (whole) input.
+                "linear casts": [c for c in forward if c[1:] == ("Tensor", (BATCH * SEQ, DIM))],
                 "ys": [y.detach() for y in ys],
                 "grad": leaf.grad is not None,
             }
@@ -88,7 +88,7 @@ def test_linears_take_the_gathered_cast():
     for r in spawn(_worker, 2):
         for path, site in (("mx", "quantize_rowwise"), ("fake_quant", "fake_quantize_rowwise")):
             bf16, mx, other = (r[path, n] for n in ("bf16", "mx", "mx, another cast"))
-            one_cast = [(site, "DTensor", (BATCH * SEQ, DIM))]
+            one_cast = [(site, "Tensor", (BATCH * SEQ, DIM))]
             assert bf16["linear casts"] == one_cast, path  # shared by q, k and v
             assert mx["linear casts"] == [], path  # handed over by the gather
             assert other["linear casts"] == one_cast, path  # the primed key did not match

@@ -25,7 +25,7 @@ cache (under torch.compile the hooks are not called).
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 import mx_kernels
 from mx_dtensor import GatheredCast, register_gather_hook
@@ -34,18 +34,21 @@ from mx_nn.cast_cache import prime_cast
 __all__ = ["prime_linear_inputs"]
 
 
-def _rows(t: torch.Tensor, mesh) -> DTensor:
-    return DTensor.from_local(t.reshape(-1, t.shape[-1]), mesh, (Replicate(),), run_check=False)
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 def prime_linear_inputs(gathered: GatheredCast) -> None:
-    """Prime MXLinear's forward input casts (both paths) of ``gathered.decoded``."""
-    x = gathered.decoded
+    """Prime MXLinear's forward input casts (both paths) of ``gathered.decoded``.
+
+    MXLinear casts the local tensor of its (Replicate) DTensor input
+    (:mod:`mx_nn.local_shards`), so the keys and casts primed are local tensors too."""
+    x = _local(gathered.decoded)
     kwargs = {"block_size": gathered.block_size, "scale_mode": gathered.scale_mode,
               "backend": gathered.backend}  # fmt: skip
     with torch.no_grad():  # views for the cache's keys, outside the autograd graph
         x2 = x.reshape(-1, x.shape[-1])  # MXLinear's [M, K] view of its input
-        cast = (_rows(gathered.qdata, x.device_mesh), _rows(gathered.scale, x.device_mesh))
+        cast = tuple(_local(t).reshape(-1, t.shape[-1]) for t in (gathered.qdata, gathered.scale))
     # Looked up at each call, as MXLinear does: the cast function is part of the key.
     for fn, out in ((mx_kernels.fake_quantize_rowwise, x2), (mx_kernels.quantize_rowwise, cast)):
         prime_cast(fn.__name__, fn, x2, out, gathered.fmt, **kwargs)
