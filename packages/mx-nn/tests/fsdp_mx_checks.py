@@ -20,6 +20,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel
 from torch.utils.checkpoint import checkpoint
 
 import mx_nn
+from mx_core import get_format
 from mx_nn.fsdp_weight import MXGatheredWeight, enable_fsdp_mx_all_gather
 
 STEPS = 3
@@ -109,10 +110,11 @@ def _kept_bytes(saved: list[torch.Tensor]) -> tuple[int, int]:
     return kept, gathered
 
 
-def _train(mesh, path: str, dtype: torch.dtype, autocast: bool, on: bool) -> dict:
+def _train(mesh, case: tuple, on: bool) -> dict:
     """One forward without grad, one backward, then STEPS AdamW steps, of the torchtitan
-    model in mxfp8 on ``path``, with or without MX all-gathers."""
-    config = mx_nn.MXLinearConfig.from_recipe("mxfp8", compute_path=path)
+    model in the case's recipe and compute path, with or without MX all-gathers."""
+    _name, path, dtype, autocast, recipe = case
+    config = mx_nn.MXLinearConfig.from_recipe(recipe, compute_path=path)
     model = mx_nn.parallelize(titan_model().to(dtype), mesh, recipe=config,
                               fsdp_mx_all_gather=on)  # fmt: skip
     rank, dp = _dp_rank(mesh)
@@ -151,13 +153,14 @@ def _differ(a: dict, b: dict) -> list[str]:
 
 
 def equivalence(mesh, cases: list[tuple]) -> tuple[dict, dict]:
-    """Per case (name, compute path, dtype, autocast): the option on against off, bit for
-    bit, and the bytes of each pass's all-gathers. Returns the results and the last
-    case's option-on model (for the checkpoint checks)."""
+    """Per case (name, compute path, dtype, autocast, recipe): the option on against off,
+    bit for bit, and the bytes of each pass's all-gathers. Returns the results and the
+    last case's option-on model (for the checkpoint checks)."""
     out, model = {}, None
-    for name, path, dtype, autocast in cases:
-        off = _train(mesh, path, dtype, autocast, on=False)
-        on = _train(mesh, path, dtype, autocast, on=True)
+    for case in cases:
+        name, path, dtype, autocast, recipe = case
+        off = _train(mesh, case, on=False)
+        on = _train(mesh, case, on=True)
         model = on["model"]
         r = {
             "logits": torch.equal(on["logits"], off["logits"]),
@@ -182,6 +185,8 @@ def equivalence(mesh, cases: list[tuple]) -> tuple[dict, dict]:
         r["local numel"], r["hp itemsize"] = local_numel, dtype.itemsize
         r["dp"], r["path"] = _dp_rank(mesh)[1], path
         r["compute itemsize"] = torch.bfloat16.itemsize if autocast else dtype.itemsize
+        fmt = mx_nn.MXLinearConfig.from_recipe(recipe).weight_fmt
+        r["mx per elem"] = (0.5 if get_format(fmt).is_packed else 1) + 1 / 32
         out[name] = r
     return out, model
 
@@ -288,7 +293,7 @@ def four_rank_suite(rank: int, world: int, cases: list[tuple], path: str) -> dic
     out = {"equivalence": results}
     out["saved sd plain"] = all(type(_local(v)) is torch.Tensor for v in sd.values())
     dcp.save({"model": sd}, checkpoint_id=path)
-    config = mx_nn.MXLinearConfig.from_recipe("mxfp8", compute_path=cases[-1][1])
+    config = mx_nn.MXLinearConfig.from_recipe(cases[-1][4], compute_path=cases[-1][1])
     plain = titan_model(seed=1)  # other weights: the load must replace them
     mx_nn.convert(plain, config, filter_fn=_not_head)
     again = mx_nn.parallelize(titan_model(seed=1), mesh, recipe=config, fsdp_mx_all_gather=True)

@@ -1,13 +1,15 @@
 """parallelize(..., fsdp_mx_all_gather=True) on CPU gloo groups (dp=2; dp=2 x tp=2): the
 same logits, gradients, training losses and weights bit for bit as the high-precision
-FSDP2 gathers, on both MXLinear compute paths; the bytes each pass's all-gathers move
+FSDP2 gathers, on both MXLinear compute paths (mxfp8; mxfp4, whose codes pack two per
+byte along the blocks); the bytes each pass's all-gathers move
 for the MXLinear weights; checkpoints stay plain; every refusal and misuse raises.
 
 Bytes: counted by wrapping FSDP2's foreach_all_gather (mx_nn never calls it), from each
 collective's output buffer (this rank sends 1/world of it) split into the parameters'
 inputs that FSDP concatenated into it (they must add up to the buffer). MX moves
-N_r * K * (1 + 1/32) bytes per weight shard [N_r, K], the high-precision gather
-N_r * K * itemsize: 0.516x for bf16 weights, 0.258x for fp32.
+N_r * K * (1 + 1/32) bytes per weight shard [N_r, K] (mxfp4: 1/2 + 1/32), the
+high-precision gather N_r * K * itemsize: 0.516x for bf16 weights, 0.258x for fp32.
+What autograd keeps from forward to backward is measured from the tensors it saves.
 """
 
 import sys
@@ -23,17 +25,18 @@ from fsdp_mx_checks import four_rank_suite, two_rank_suite  # noqa: E402
 from mx_dtensor.testing import spawn  # noqa: E402
 
 needs_dist = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is unavailable")
-BYTES_RATIO = 0.55  # MX against bf16 gathers: (1 + 1/32) / 2 = 0.516
+BYTES_RATIO = 0.55  # mxfp8 against bf16 gathers: (1 + 1/32) / 2 = 0.516
 
-# (name, compute path, model dtype, bf16 autocast)
+# (name, compute path, model dtype, bf16 autocast, recipe)
 TWO_RANKS = [
-    ("mx fp32", "mx", torch.float32, False),
-    ("fake_quant bf16", "fake_quant", torch.bfloat16, False),
-    ("mx fp32 autocast", "mx", torch.float32, True),
+    ("mx fp32", "mx", torch.float32, False, "mxfp8"),
+    ("fake_quant bf16", "fake_quant", torch.bfloat16, False, "mxfp8"),
+    ("mx fp32 autocast", "mx", torch.float32, True, "mxfp8"),
+    ("mxfp4 mx bf16", "mx", torch.bfloat16, False, "mxfp4"),  # codes packed along blocks
 ]
 FOUR_RANKS = [
-    ("dp2 x tp2 fake_quant bf16", "fake_quant", torch.bfloat16, False),
-    ("dp2 x tp2 mx fp32", "mx", torch.float32, False),
+    ("dp2 x tp2 fake_quant bf16", "fake_quant", torch.bfloat16, False, "mxfp8"),
+    ("dp2 x tp2 mx fp32", "mx", torch.float32, False, "mxfp8"),
 ]
 
 
@@ -52,7 +55,7 @@ def _check_equivalence(results: dict) -> None:
         # compute dtype (fused path); with it nothing (FSDP freed the gathered casts).
         (kept_on, gathered_on), (kept_off, _) = r["kept"]
         numel = r["local numel"]
-        per_elem = {"mx": 1 + 1 / 32, "fake_quant": r["compute itemsize"]}[r["path"]]
+        per_elem = {"mx": r["mx per elem"], "fake_quant": r["compute itemsize"]}[r["path"]]
         assert kept_off - kept_on == numel * r["dp"] * per_elem, (name, r["kept"])
         assert gathered_on == 0, (name, r["kept"])
         for pass_ in ("forward", "backward"):
@@ -60,7 +63,7 @@ def _check_equivalence(results: dict) -> None:
             assert sent["n mx"] == 14 and sent["others equal"], (name, pass_, sent)
             # Two forwards (one without grad) and one backward gather each weight.
             gathers = 2 if pass_ == "forward" else 1
-            assert sent["mx"] == gathers * (numel + numel // 32), (name, pass_, sent)
+            assert sent["mx"] == gathers * numel * r["mx per elem"], (name, pass_, sent)
             assert sent["hp"] == gathers * numel * r["hp itemsize"], (name, pass_, sent)
             assert sent["mx"] / sent["hp"] <= BYTES_RATIO * 2 / r["hp itemsize"], (name, sent)
             if r["hp itemsize"] == 2:

@@ -28,6 +28,10 @@ and refills in backward. Every other op on it raises. Reading the wrong cast (a
 forward inside backward, as activation-checkpointing recompute does; a backward
 without the re-gather, as ``reshard_after_forward=False`` gives) raises.
 
+With tensor parallelism the weight is a DTensor on "tp" whose local tensor is the
+MXShardedWeight: FSDP2 shards (and gathers) that local tensor along its dim 0, and its
+unsharded parameter is a DTensor on "tp" whose local tensor is the MXGatheredWeight.
+
 Under autocast the forward gather casts the weight in the autocast dtype, as MXLinear
 would, and the backward gather of the same weight reuses that dtype. Eager only.
 """
