@@ -6,6 +6,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from mx_nn.fsdp_weight import _chunks
 from mx_nn.tp_plan import ModelMap
 
 __all__ = ["check_fsdp_mx"]
@@ -68,16 +69,15 @@ def check_fsdp_mx(
         out = model.get_submodule(fqn).out_features
         split = tp if fqn[len(block) + 1 :] in colwise else 1
         rows, bs = out // split, mx[fqn]
-        chunk = -(-rows // dp)
-        chunks = [max(0, min(chunk, rows - r * chunk)) for r in range(dp)]
+        chunks = _chunks(rows, dp)
         if rows % dp or any(c % bs for c in chunks):
             tp_part = f" (its tp={tp} shard: {rows} rows)" if split > 1 else ""
             raise ValueError(
                 f"fsdp_mx_all_gather=True: {fqn}.out_features={out}{tp_part} splits over "
                 f"dp={dp} into rows {chunks} per rank; each must be the same multiple of "
                 f"the MX block size {bs} (the columnwise cast's blocks run along these "
-                f"rows). Use a dp degree that divides {rows // bs if rows % bs == 0 else rows}"
-                f" {'blocks' if rows % bs == 0 else 'rows'}, or fsdp_mx_all_gather=False"
+                f"rows). Use a dp degree that divides its {rows // bs} blocks, or "
+                "fsdp_mx_all_gather=False"
             )
 
 

@@ -21,7 +21,12 @@ _E8M0 = torch.float8_e8m0fnu
 
 
 def is_gathered(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` (an MXLinear's, plain or a DTensor) is FSDP's gathered MX cast."""
+    """Whether ``weight`` (an MXLinear's, plain or a DTensor) is FSDP's gathered MX cast.
+    False while torch.compile traces, so that compiled code without the MX gathers
+    never reads a DTensor's local tensor (they are eager-only: parallelize refuses
+    compile with them)."""
+    if torch.compiler.is_compiling():
+        return False
     local = weight._local_tensor if isinstance(weight, DTensor) else weight
     return isinstance(local, MXGatheredWeight)
 
