@@ -59,6 +59,7 @@ import mx_kernels
 import mx_nn.gathered_cast  # noqa: F401  (MX gathers hand their cast to these layers)
 from mx_core import MXTensor, get_format
 from mx_kernels.matmul import bf16_gemm, bf16_gemm_design
+from mx_nn import fsdp_gathered
 from mx_nn.cast_cache import cast_shared
 from mx_nn.config import MXLinearConfig
 from mx_nn.local_shards import on_local_shards, reduced
@@ -147,9 +148,13 @@ class _MXLinearFunction(torch.autograd.Function):
         else:
             x_q, x_s = _cast_input(mx_kernels.quantize_rowwise, x2, c.input_fmt, c)
             saved_x = (x2,)
-        w_q, w_s, wt_q, wt_s = _cast_weight(mx_kernels.quantize_both, weight, c.weight_fmt, c)
+        ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX
+        if ctx.gathered_weight:  # its rowwise cast; backward's gather brings the colwise one
+            (w_q, w_s), saved_w = fsdp_gathered.rowwise(weight, c), (weight,)
+        else:
+            w_q, w_s, *saved_w = _cast_weight(mx_kernels.quantize_both, weight, c.weight_fmt, c)
         y = _gemm((x_q, x_s), c.input_fmt, (w_q, w_s), c.weight_fmt, x.dtype, c)
-        ctx.save_for_backward(wt_q, wt_s, *saved_x)
+        ctx.save_for_backward(*saved_w, *saved_x)
         # No shapes on ctx (SymInts there trip torch 2.11's dynamo, as in check_scaled_mm_args).
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
         return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -157,7 +162,10 @@ class _MXLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         c: MXLinearConfig = ctx.config
-        wt_q, wt_s, *saved_x = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        if ctx.gathered_weight:
+            saved = (*fsdp_gathered.colwise(saved[0], c), *saved[1:])
+        wt_q, wt_s, *saved_x = saved
         dy = reduced(grad_output).reshape(-1, grad_output.shape[-1])
         m = dy.shape[0]
         grad_x = grad_w = None
@@ -199,7 +207,11 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         xf = _cast_input(mx_kernels.fake_quantize_rowwise, x2, c.input_fmt, c)
-        wf_row, wf_col = _cast_weight(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
+        ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX
+        if ctx.gathered_weight:  # saved: backward's gather brings the colwise cast
+            wf_row, wf_col = fsdp_gathered.rowwise_dequantized(weight, c), weight
+        else:
+            wf_row, wf_col = _cast_weight(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
         y = bf16_gemm(xf, wf_row.t(), x.dtype)
         ctx.save_for_backward(wf_col, x2)
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
@@ -209,6 +221,8 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         c: MXLinearConfig = ctx.config
         wf_col, x2 = ctx.saved_tensors
+        if ctx.gathered_weight:
+            wf_col = fsdp_gathered.colwise_dequantized(wf_col, c)
         dy = reduced(grad_output).reshape(-1, grad_output.shape[-1])
         m = dy.shape[0]
         grad_x = grad_w = None

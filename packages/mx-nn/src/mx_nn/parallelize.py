@@ -14,6 +14,8 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.convert import convert
+from mx_nn.fsdp_check import check_fsdp_mx
+from mx_nn.fsdp_weight import enable_fsdp_mx_all_gather
 from mx_nn.linear import MXLinear
 from mx_nn.tp_plan import NAMINGS, ModelMap, Naming, block_plan, find_model_map, root_plan
 
@@ -44,6 +46,7 @@ def parallelize(
     mx_comms: bool = True,
     mx_lm_head: bool = False,
     compile: bool = False,
+    fsdp_mx_all_gather: bool = False,
 ) -> nn.Module:
     """Convert ``model`` to MX and parallelize it over ``mesh``, in place.
 
@@ -70,6 +73,13 @@ def parallelize(
             MX linears get mx-dtensor's MX styles (``mx_nn.tp_plan``).
         mx_lm_head: convert the LM head too.
         compile: ``torch.compile`` each decoder block (in place, fqns unchanged).
+        fsdp_mx_all_gather: FSDP2 gathers each decoder block's MXLinear weights as MX
+            casts (rowwise in forward, columnwise in backward: 1 + 1/32 bytes per
+            element against 2 for bf16; :mod:`mx_nn.fsdp_weight`) and reshards the
+            blocks after forward; the same losses and gradients bit for bit. Needs a
+            "dp" mesh dim, the built-in plan, each such weight's rows per dp rank
+            (after TP) a whole number of MX blocks, and no activation checkpointing;
+            eager only (not with ``compile``). Other weights gather as they are.
 
     Returns:
         ``model``, with the same state_dict keys (values become DTensors).
@@ -78,7 +88,8 @@ def parallelize(
         ValueError: a mesh without the needed dims, a model it cannot map (the message
             lists its linears), a plan pattern matching nothing, head counts or feature
             sizes not divisible by the TP degree, or MX shards not multiples of the
-            block size. All are checked before the model is changed.
+            block size, or an ``fsdp_mx_all_gather`` it cannot apply (above). All
+            are checked before the model is changed.
     """
     tp_mesh, dp_mesh = _split_mesh(mesh)
     tp = tp_mesh.size() if tp_mesh is not None else 1
@@ -93,6 +104,8 @@ def parallelize(
     if tp_mesh is not None:
         if plan is None:
             _check_tp_sizes(model, model_map, tp, will_be_mx, config)
+    if fsdp_mx_all_gather:
+        check_fsdp_mx(model, model_map, will_be_mx, dp_mesh, tp, plan=plan, compile=compile)
     # All checks passed: from here on the model changes.
     # Order: convert first (tensor parallelism shards the MXLinear's own parameters, so
     # the styles see the final module types); tensor parallel next (it replaces
@@ -116,8 +129,19 @@ def parallelize(
         for block in blocks:
             block.compile()
     if dp_mesh is not None:
+        if fsdp_mx_all_gather:
+            n = sum(enable_fsdp_mx_all_gather(block) for block in blocks)
+            rest = sum(isinstance(m, MXLinear) for m in model.modules()) - n
+            logger.info(
+                "mx_nn.parallelize: FSDP2 gathers the %d MXLinear weights of the blocks in "
+                "MX, %d MXLinear weights outside them in high precision",
+                n,
+                rest,
+            )
+        # With MX gathers, backward must gather each block again (the columnwise cast).
+        reshard = {"reshard_after_forward": True} if fsdp_mx_all_gather else {}
         for block in blocks:
-            fully_shard(block, mesh=dp_mesh)
+            fully_shard(block, mesh=dp_mesh, **reshard)
         fully_shard(model, mesh=dp_mesh)
         logger.info(
             "mx_nn.parallelize: fully_shard of %d blocks and the root, dp=%d",
