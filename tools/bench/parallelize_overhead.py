@@ -5,10 +5,12 @@ Two copies of the same bf16 mx_nn.Llama (Llama-3-8B layer shapes: dim 4096, 32 q
 ``mx_nn.convert(model, recipe)`` (LM head kept in bf16, as parallelize keeps it), one
 with ``mx_nn.parallelize(model, mesh, recipe=...)`` on a one-rank mesh (DTensor
 parameters, sequence-parallel plan, no communication that moves data). Times forward +
-backward of tokens [batch, seq] (median ms of do_bench, the two models measured
-alternately, ROUNDS times) and prints the ratio. Context: the parallelized model again
-with every mx op of its MXLinears dispatched through DTensor (not as one op on the
-local shards, mx_nn.placements).
+backward of tokens [batch, seq] (median ms of do_bench, the models measured
+alternately, ROUNDS times) and prints the ratio. At tp=1 parallelize leaves tensor
+parallelism out (plain tensors). Context, what the DTensor path itself costs: a third
+copy with the built-in TP plan applied on the one-rank mesh anyway (DTensor parameters
+and activations, the MXLinears on their local shards, mx_nn.local_shards), and the same
+with every mx op of its MXLinears dispatched through DTensor instead.
 
 Target: parallelize / convert <= 1.02.
 
@@ -28,6 +30,8 @@ from report import publish
 
 import mx_nn
 import mx_nn.linear as mx_linear
+from mx_nn.parallelize import _apply_tp
+from mx_nn.tp_plan import find_model_map
 
 ROUNDS = 3
 
@@ -74,6 +78,8 @@ def main(argv=None) -> int:
         keep_head = lambda _module, fqn: fqn != "output"  # noqa: E731
         converted = mx_nn.convert(_model(config), args.recipe, filter_fn=keep_head)
         parallel = mx_nn.parallelize(_model(config), mesh, recipe=args.recipe)
+        forced = mx_nn.convert(_model(config), args.recipe, filter_fn=keep_head)
+        _apply_tp(forced, find_model_map(forced), mesh, True, False)
         tokens = torch.randint(
             0, config.vocab_size, (args.batch, config.max_seq_len), device="cuda"
         )
@@ -87,9 +93,14 @@ def main(argv=None) -> int:
             return step, params
 
         with torch.no_grad():
-            same = torch.equal(converted(tokens), parallel(tokens))
-        times = {"convert": [], "parallelize": [], "dispatch": []}
-        runs = (("convert", converted), ("parallelize", parallel), ("dispatch", parallel))
+            f = forced(tokens)
+            f = f.full_tensor() if hasattr(f, "full_tensor") else f
+            same = torch.equal(converted(tokens), parallel(tokens)) and torch.equal(
+                converted(tokens), f
+            )
+        times = {"convert": [], "parallelize": [], "tp plan": [], "dispatch": []}
+        runs = (("convert", converted), ("parallelize", parallel), ("tp plan", forced),
+                ("dispatch", forced))  # fmt: skip
         for _ in range(ROUNDS):
             for name, model in runs:
                 step, params = step_of(model)
@@ -113,8 +124,12 @@ def main(argv=None) -> int:
         f"{same} |",
         "",
         f"rounds: convert {[round(t, 3) for t in times['convert']]}, "
-        f"parallelize {[round(t, 3) for t in times['parallelize']]}; context, mx ops "
-        f"dispatched through DTensor: {[round(t, 3) for t in times['dispatch']]} "
+        f"parallelize {[round(t, 3) for t in times['parallelize']]}",
+        "",
+        "context: the TP plan applied on the one-rank mesh anyway (DTensors), "
+        f"{[round(t, 3) for t in times['tp plan']]} "
+        f"({statistics.median(times['tp plan']) / t_conv:.3f}x convert); the same with "
+        f"the mx ops dispatched through DTensor {[round(t, 3) for t in times['dispatch']]} "
         f"({statistics.median(times['dispatch']) / t_conv:.3f}x convert)",
     ]
     publish("\n".join(lines), "parallelize_overhead.md")

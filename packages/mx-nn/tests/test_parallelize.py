@@ -194,3 +194,37 @@ def test_overhead_benchmark_imports_and_parses_arguments():
     script = Path(__file__).parents[3] / "tools/bench/parallelize_overhead.py"
     out = subprocess.run([sys.executable, str(script), "--help"], check=True, capture_output=True)
     assert b"--quick" in out.stdout
+
+
+def _tp1_worker(rank: int, world: int) -> dict:
+    import copy
+    import logging
+
+    from parallel_models import project_model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    import mx_nn
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    logging.getLogger("mx_nn").addHandler(handler)
+    logging.getLogger("mx_nn").setLevel(logging.INFO)
+    model = project_model()
+    reference = mx_nn.convert(copy.deepcopy(model), "mxfp8", filter_fn=lambda _m, f: f != "output")
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    model = mx_nn.parallelize(model, mesh, recipe="mxfp8")
+    tokens = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    return {
+        "dtensors": sum(isinstance(p, DTensor) for p in model.parameters()),
+        "mx": sum(isinstance(m, mx_nn.MXLinear) for m in model.modules()),
+        "equal": torch.equal(model(tokens), reference(tokens)),
+        "logged": any("tp=1, tensor parallelism left out" in r for r in records),
+    }
+
+
+@needs_dist
+def test_tp1_leaves_tensor_parallelism_out():
+    (r,) = spawn(_tp1_worker, 1)
+    assert r["dtensors"] == 0 and r["mx"] > 0 and r["equal"] and r["logged"], r

@@ -52,7 +52,8 @@ def parallelize(
 
     Mesh: 1-D (any name but ``"dp"``): tensor parallel over it. 1-D named ``"dp"``:
     FSDP2 only. 2-D named ``("dp", "tp")``: tensor parallel on ``"tp"``, then
-    ``fully_shard`` of each decoder block and of the root on ``"dp"``.
+    ``fully_shard`` of each decoder block and of the root on ``"dp"``. A tensor-parallel
+    dim of size 1 is left out (logged): the parameters stay plain tensors.
 
     Args:
         model: a Llama-style model (Hugging Face or torchtitan naming, found by
@@ -117,13 +118,16 @@ def parallelize(
     if config is not None:
         head = model_map.head if model_map is not None else None
         convert(model, config, filter_fn=lambda _m, fqn: mx_lm_head or fqn != head)
-    if tp_mesh is not None:
+    if tp_mesh is not None and tp == 1:
+        # A plan over one rank is the identity; DTensors would only add host time per op
+        # (torchtitan leaves a degree-1 TP out as well).
+        logger.info("mx_nn.parallelize: tp=1, tensor parallelism left out (plain tensors)")
+    elif tp_mesh is not None:
         if plan is not None:
             parallelize_module(model, tp_mesh, explicit)
             logger.info("mx_nn.parallelize: explicit plan, %d modules, tp=%d", len(explicit), tp)
         else:
-            # At tp=1 nothing moves, so there is nothing to cast for a gather.
-            _apply_tp(model, model_map, tp_mesh, sp, mx_comms and tp > 1)
+            _apply_tp(model, model_map, tp_mesh, sp, mx_comms)
     blocks = [model.get_submodule(b) for b in model_map.blocks] if model_map else []
     if compile:
         for block in blocks:
