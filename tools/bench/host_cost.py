@@ -89,10 +89,8 @@ def both_outputs(x: torch.Tensor, backend: str) -> dict:
     for n in sizes[:-1]:
         offsets.append(offsets[-1] + -(-n // 16) * 16)  # 16-byte aligned views
     total = offsets[-1] + sizes[-1]
-    empty_strided = torch.empty_strided
-
-    def separate():
-        return [empty_strided(sz, st, dtype=d, device=device) for sz, st, d in specs]
+    def separate():  # as the plan does
+        return [alloc() for alloc in plan.allocs]
 
     def one_buffer():
         buf = torch.empty(total, dtype=torch.uint8, device=device)

@@ -27,7 +27,7 @@ import torch
 import mx_core
 from mx_core import get_format
 from mx_kernels.cast_launch import _empty_both, _empty_cast, _empty_cast_t
-from mx_kernels.cast_plan import REFERENCES, check_args, run_cast
+from mx_kernels.cast_plan import REFERENCES, check_args, plan_for
 from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
@@ -58,15 +58,15 @@ REFERENCES.update(
 # The op bodies: checks, backend choice and launch arguments are planned once per call
 # signature (mx_kernels.cast_plan).
 def _quantize_rowwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    return run_cast("quantize_rowwise", False, x, fmt, block_size, scale_mode, backend)
+    return plan_for("quantize_rowwise", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _quantize_colwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    return run_cast("quantize_colwise", False, x, fmt, block_size, scale_mode, backend)
+    return plan_for("quantize_colwise", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _quantize_both_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    return run_cast("quantize_both", False, x, fmt, block_size, scale_mode, backend)
+    return plan_for("quantize_both", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 _CAST_ARGS = "(Tensor x, str fmt, SymInt block_size, str scale_mode, str backend)"
@@ -113,7 +113,7 @@ def quantize_rowwise(
         ``mx_core.quantize(x, fmt, dim=-1, ...)``'s ``qdata`` and ``scale``.
     """
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
-        return run_cast("quantize_rowwise", True, x, fmt, block_size, scale_mode, backend)
+        return plan_for("quantize_rowwise", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("quantize_rowwise", x, fmt, block_size, scale_mode, backend)
     return QUANTIZE_ROWWISE(x, name, block_size, mode, backend)
 
@@ -142,7 +142,7 @@ def quantize_colwise(
     ``scale_t.contiguous()`` for a row-major copy.
     """
     if may_skip_dispatch(x) and type(block_size) is int:
-        return run_cast("quantize_colwise", True, x, fmt, block_size, scale_mode, backend)
+        return plan_for("quantize_colwise", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("quantize_colwise", x, fmt, block_size, scale_mode, backend)
     qdata_t, scale_buf = QUANTIZE_COLWISE(x, name, block_size, mode, backend)
     return qdata_t, scale_buf.t()
@@ -172,7 +172,7 @@ def quantize_both(
     ``scaled_mm`` take either layout; call ``s_row.contiguous()`` for a row-major copy.
     """
     if may_skip_dispatch(x) and type(block_size) is int:
-        return run_cast("quantize_both", True, x, fmt, block_size, scale_mode, backend)
+        return plan_for("quantize_both", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("quantize_both", x, fmt, block_size, scale_mode, backend)
     q_row, s_row_buf, q_col_t, s_col_buf = QUANTIZE_BOTH(x, name, block_size, mode, backend)
     return q_row, s_row_buf.t(), q_col_t, s_col_buf.t()

@@ -37,7 +37,7 @@ from mx_kernels.backend import (
 from mx_kernels.cast_launch import _empty_both, _empty_cast, _empty_cast_t, _launch_args, _no_output
 from mx_kernels.launch import PreparedLaunch
 
-__all__ = ["CastPlan", "check_args", "plan_for", "run_cast"]
+__all__ = ["CastPlan", "check_args", "plan_for"]
 
 # op -> the dims its blocks run along (-1: the last dim, any rank; 0: dim 0 of 2-D x)
 DIMS: dict[str, tuple[int, ...]] = {
@@ -69,15 +69,11 @@ _PUBLIC_VIEWS: dict[str, Callable] = {
 }
 
 
-def run_cast(op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, backend):
-    """Run cast ``op`` on x through its plan (:func:`plan_for`)."""
-    return plan_for(op, public, x, fmt, block_size, scale_mode, backend)(x)
-
-
 def plan_for(op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, backend):
     """The plan of cast ``op`` for these arguments, made (by the checks) on their first
-    call. ``public``: the public function's layout and argument checks
-    (:func:`check_args`); otherwise the op's (its body, given canonical names)."""
+    call; calling it on x runs the cast. ``public``: the public function's layout and
+    argument checks (:func:`check_args`); otherwise the op's (its body, given canonical
+    names)."""
     key = (
         op, public, x.shape, x.stride(), x.dtype, x.device, fmt, block_size, scale_mode,
         backend, x.is_cuda or interpreter_enabled(),
@@ -136,12 +132,13 @@ def choose(op: str, backend: str, x: torch.Tensor, block_size: int, dims: tuple)
 
 class CastPlan:
     """One cast call signature's work: log the backend choice (once per process), then
-    run the reference, or allocate the outputs (``specs``: size, strides, dtype each)
-    and launch the kernel (``launch``; ``slots`` picks its four output arguments from
-    the outputs and the zero-size stand-in appended to them; ``result`` what the call
-    returns). ``prepare``, if set, makes the x that the kernel reads (a copy)."""
+    run the reference, or allocate the outputs (``specs``: size, strides, dtype each;
+    ``allocs``: one ``torch.empty_strided`` each) and launch the kernel (``launch``;
+    ``slots`` picks its four output arguments from the outputs and the zero-size
+    stand-in appended to them; ``result`` what the call returns). ``prepare``, if set,
+    makes the x that the kernel reads (a copy)."""
 
-    __slots__ = ("logs", "_logged", "reference", "prepare", "specs", "device", "dummy",
+    __slots__ = ("logs", "_logged", "reference", "prepare", "specs", "allocs", "dummy",
                  "launch", "slots", "result")  # fmt: skip
 
     def __init__(self, logs: tuple, reference: Callable | None = None) -> None:
@@ -158,14 +155,10 @@ class CastPlan:
             return self.reference(x)
         if self.prepare is not None:
             x = self.prepare(x)
-        device = self.device
-        outs = [_empty_strided(s, st, dtype=d, device=device) for s, st, d in self.specs]
+        outs = [alloc() for alloc in self.allocs]
         outs.append(self.dummy)
         self.launch(x, *self.slots(outs))
         return self.result(outs)
-
-
-_empty_strided = torch.empty_strided
 
 
 def _op_outputs(op: str, shape, f: ElementFormat, block_size: int, dtype: torch.dtype):
@@ -245,7 +238,10 @@ def _triton_plan(op, x, f: ElementFormat, block_size: int, scale_mode: str, logs
     plan = CastPlan(tuple(logs))
     plan.prepare = prepare
     plan.specs = tuple((tuple(o.shape), o.stride(), o.dtype) for o in returned)
-    plan.device = device
+    plan.allocs = tuple(
+        functools.partial(torch.empty_strided, size, stride, dtype=dtype, device=device)
+        for size, stride, dtype in plan.specs
+    )
     plan.dummy = _no_output(device)
     plan.launch = PreparedLaunch(
         launcher, grid, ints, device.type, (None, *(None if i is None else u8 for i in slot_idx))

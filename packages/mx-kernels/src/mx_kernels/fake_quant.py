@@ -16,7 +16,7 @@ import torch
 
 import mx_core
 from mx_kernels.cast import _CAST_ARGS
-from mx_kernels.cast_plan import REFERENCES, check_args, run_cast
+from mx_kernels.cast_plan import REFERENCES, check_args, plan_for
 from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["fake_quantize_both", "fake_quantize_colwise", "fake_quantize_rowwise"]
@@ -36,15 +36,15 @@ REFERENCES.update(
 
 # The op bodies, planned once per call signature (mx_kernels.cast_plan).
 def _fake_quantize_rowwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    return run_cast("fake_quantize_rowwise", False, x, fmt, block_size, scale_mode, backend)
+    return plan_for("fake_quantize_rowwise", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _fake_quantize_colwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    return run_cast("fake_quantize_colwise", False, x, fmt, block_size, scale_mode, backend)
+    return plan_for("fake_quantize_colwise", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _fake_quantize_both_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    return run_cast("fake_quantize_both", False, x, fmt, block_size, scale_mode, backend)
+    return plan_for("fake_quantize_both", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _like(x, fmt, block_size, scale_mode, backend):
@@ -83,7 +83,7 @@ def fake_quantize_rowwise(
         ``mx_core.quantize(x, fmt, dim=-1, ...).dequantize(x.dtype)``.
     """
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
-        return run_cast("fake_quantize_rowwise", True, x, fmt, block_size, scale_mode, backend)
+        return plan_for("fake_quantize_rowwise", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("fake_quantize_rowwise", x, fmt, block_size, scale_mode, backend)
     return FAKE_QUANTIZE_ROWWISE(x, name, block_size, mode, backend)
 
@@ -102,7 +102,7 @@ def fake_quantize_colwise(
         [M, K] contiguous; equal to ``mx_core.quantize(x, fmt, dim=0, ...).dequantize(x.dtype)``.
     """
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
-        return run_cast("fake_quantize_colwise", True, x, fmt, block_size, scale_mode, backend)
+        return plan_for("fake_quantize_colwise", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("fake_quantize_colwise", x, fmt, block_size, scale_mode, backend)
     return FAKE_QUANTIZE_COLWISE(x, name, block_size, mode, backend)
 
@@ -118,6 +118,6 @@ def fake_quantize_both(
     """:func:`fake_quantize_rowwise` and :func:`fake_quantize_colwise` of a 2-D x [M, K]
     from one read of x. Returns ``(rowwise [M, K], colwise [M, K])``."""
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
-        return run_cast("fake_quantize_both", True, x, fmt, block_size, scale_mode, backend)
+        return plan_for("fake_quantize_both", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("fake_quantize_both", x, fmt, block_size, scale_mode, backend)
     return FAKE_QUANTIZE_BOTH(x, name, block_size, mode, backend)
