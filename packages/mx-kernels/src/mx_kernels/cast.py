@@ -27,7 +27,7 @@ import torch
 import mx_core
 from mx_core import get_format
 from mx_kernels.cast_launch import _empty_both, _empty_cast, _empty_cast_t
-from mx_kernels.cast_plan import REFERENCES, check_args, plan_for
+from mx_kernels.cast_plan import REFERENCES, check_args, plan_for, public_layout
 from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
@@ -144,8 +144,7 @@ def quantize_colwise(
     if may_skip_dispatch(x) and type(block_size) is int:
         return plan_for("quantize_colwise", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("quantize_colwise", x, fmt, block_size, scale_mode, backend)
-    qdata_t, scale_buf = QUANTIZE_COLWISE(x, name, block_size, mode, backend)
-    return qdata_t, scale_buf.t()
+    return public_layout(QUANTIZE_COLWISE(x, name, block_size, mode, backend))
 
 
 def quantize_both(
@@ -174,5 +173,4 @@ def quantize_both(
     if may_skip_dispatch(x) and type(block_size) is int:
         return plan_for("quantize_both", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("quantize_both", x, fmt, block_size, scale_mode, backend)
-    q_row, s_row_buf, q_col_t, s_col_buf = QUANTIZE_BOTH(x, name, block_size, mode, backend)
-    return q_row, s_row_buf.t(), q_col_t, s_col_buf.t()
+    return public_layout(QUANTIZE_BOTH(x, name, block_size, mode, backend))

@@ -37,7 +37,7 @@ from mx_kernels.backend import (
 from mx_kernels.cast_launch import _empty_both, _empty_cast, _empty_cast_t, _launch_args, _no_output
 from mx_kernels.launch import PreparedLaunch
 
-__all__ = ["CastPlan", "check_args", "plan_for"]
+__all__ = ["CastPlan", "check_args", "plan_for", "public_layout"]
 
 # op -> the dims its blocks run along (-1: the last dim, any rank; 0: dim 0 of 2-D x)
 DIMS: dict[str, tuple[int, ...]] = {
@@ -55,8 +55,9 @@ MAX_PLANS = 4096  # distinct call signatures kept before starting afresh
 _PLANS: dict[tuple, CastPlan] = {}
 
 
-def _transpose_scales(outs):
-    """The public functions' views of an op's outputs: the column-major scales."""
+def public_layout(outs):
+    """quantize_colwise's or quantize_both's public outputs from its op's: the scales'
+    buffers transposed (column-major)."""
     if len(outs) == 2:  # quantize_colwise: (qdata_t, scale buffer [M // bs, K])
         return outs[0], outs[1].t()
     q_row, s_row_buf, q_col, s_col_buf = outs  # quantize_both
@@ -64,8 +65,8 @@ def _transpose_scales(outs):
 
 
 _PUBLIC_VIEWS: dict[str, Callable] = {
-    "quantize_colwise": _transpose_scales,
-    "quantize_both": _transpose_scales,
+    "quantize_colwise": public_layout,
+    "quantize_both": public_layout,
 }
 
 
