@@ -92,6 +92,16 @@ BENCHMARKS = ["casts.py", "gemm.py", "linear.py", "dtensor_overhead.py", "host_c
               "tp_layer.py", "multi_gpu.py"]  # fmt: skip
 
 
+def test_host_cost_runs_on_cpu_with_the_launch_stubbed():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools/bench/host_cost.py"), "--cpu-stub", "--calls", "20"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "| quantize_both |" in out and "kernel launch stubbed" in out
+
+
 @pytest.mark.parametrize("script", BENCHMARKS)
 def test_benchmarks_import_and_parse_arguments(script):
     # They only run on a GPU; this catches a broken import or argument parser here.

@@ -17,21 +17,22 @@ def publish(table: str, filename: str) -> None:
         print(f"wrote {path}")
 
 
-def wall_per_call(fn, calls: int, warmup: int) -> float:
-    """Seconds per call of ``fn``: the best of three rounds of ``calls`` calls queued back
-    to back (CUDA synchronized at the end of each round), after ``warmup`` calls. Host
-    and GPU together: where the host's launch path is slower than the kernels, this is
-    the host's time."""
+def wall_per_call(fn, calls: int, warmup: int, rounds: int = 3) -> float:
+    """Seconds per call of ``fn``: the best of ``rounds`` rounds of ``calls`` calls queued
+    back to back (CUDA synchronized at the end of each round, where there is CUDA),
+    after ``warmup`` calls. Host and GPU together: where the host's launch path is
+    slower than the kernels, this is the host's time."""
     import torch
 
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    sync()
     best = float("inf")
-    for _ in range(3):
+    for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        sync()
         best = min(best, (time.perf_counter() - t0) / calls)
     return best

@@ -17,8 +17,10 @@ import triton  # noqa: E402, F401
 
 @pytest.fixture
 def fresh_backend_choices(monkeypatch):
-    """Backend choices are cached per process: a test that patches what they depend on
-    gets its own cache, made under its patches and dropped after it."""
-    from mx_kernels import backend
+    """Backend choices (and the cast plans holding them) are cached per process: a test
+    that patches what they depend on gets its own caches, made under its patches and
+    dropped after it."""
+    from mx_kernels import backend, cast_plan
 
     monkeypatch.setattr(backend, "_choice", functools.lru_cache(backend._choice.__wrapped__))
+    monkeypatch.setattr(cast_plan, "_PLANS", {})

@@ -19,6 +19,7 @@ __all__ = [
     "BACKENDS",
     "MATMUL_BACKENDS",
     "TRITON_BLOCK_SIZES",
+    "choose_backend",
     "interpreter_enabled",
     "log_choice",
     "persistent_programs",
@@ -85,7 +86,9 @@ def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKEND
     """
     if backend not in allowed:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(allowed)}")
-    return _resolve(op, backend, device, None)
+    impl, why = _resolve(op, backend, device, None)
+    log_choice(op, impl, device.type, why)
+    return impl
 
 
 @functools.lru_cache(maxsize=1024)
@@ -123,18 +126,24 @@ def resolve_backend_for(op: str, backend: str, device: torch.device, gap: str | 
     """:func:`resolve_backend`, then the reference where Triton cannot run these
     arguments (``gap`` says why; None: it can): logged for ``"auto"``, a ValueError for
     ``"triton"``."""
+    impl, why = choose_backend(op, backend, device, gap)
+    log_choice(op, impl, device.type, why)
+    return impl
+
+
+def choose_backend(op: str, backend: str, device: torch.device, gap: str | None) -> tuple[str, str]:
+    """:func:`resolve_backend_for`'s choice and its reason, without logging it (the
+    casts' plans log it on each call, once per process: :func:`log_choice`)."""
     if backend not in BACKENDS:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(BACKENDS)}")
     return _resolve(op, backend, device, gap)
 
 
-def _resolve(op: str, backend: str, device: torch.device, gap: str | None) -> str:
+def _resolve(op: str, backend: str, device: torch.device, gap: str | None) -> tuple[str, str]:
     device_type = device.type
     # TRITON_INTERPRET only matters off CUDA; reading the environment costs ~1 us.
     interp = device_type != "cuda" and interpreter_enabled()
-    impl, why = _choice(op, backend, device_type, gap, interp)
-    log_choice(op, impl, device_type, why)
-    return impl
+    return _choice(op, backend, device_type, gap, interp)
 
 
 def persistent_programs(device: torch.device, per_sm: int = 1) -> int:

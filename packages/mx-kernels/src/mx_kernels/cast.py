@@ -22,50 +22,15 @@ run mx-core's reference on the same device (``backend="auto"`` logs that choice 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 import mx_core
-from mx_core import ElementFormat, get_format, get_scale_mode
-from mx_kernels.backend import (
-    BACKENDS,
-    TRITON_BLOCK_SIZES,
-    log_choice,
-    resolve_backend_for,
-)
-from mx_kernels.cast_launch import _empty_both, _empty_cast, _empty_cast_t, _launch
+from mx_core import get_format
+from mx_kernels.cast_launch import _empty_both, _empty_cast, _empty_cast_t
+from mx_kernels.cast_plan import REFERENCES, check_args, plan_for, public_layout
 from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
-
-
-def _choose(
-    op: str, backend: str, x: torch.Tensor, fmt: ElementFormat, block_size: int, dims: tuple
-) -> str:
-    """The implementation an op body runs, after the checks of the tensor's shape: the
-    op bodies always see real tensors (local shards under DTensor, run-time tensors
-    under torch.compile), so these checks live here, not in the public functions."""
-    shape = x.shape
-    # The common case in a few comparisons (this is every cast's hot path); anything
-    # else gets the full checks, which raise with the argument named.
-    rank_ok = len(shape) >= 1 if dims == (-1,) else len(shape) == 2
-    fine = (
-        rank_ok
-        and x.dtype in mx_core.INPUT_DTYPES
-        and block_size > 0
-        and not block_size % 2
-        and all(shape[d] % block_size == 0 for d in dims)
-    )
-    if not fine:
-        if dims != (-1,) and x.dim() != 2:
-            raise ValueError(f"{op}: x must be 2-D [M, K], got shape {tuple(x.shape)}")
-        for dim in dims:
-            mx_core.check_quantize_args(x, block_size, dim, fn=op)
-    gap = None
-    if block_size not in TRITON_BLOCK_SIZES:
-        gap = f"block_size={block_size} has no Triton cast (Triton: {TRITON_BLOCK_SIZES})"
-    return resolve_backend_for(op, backend, x.device, gap)
 
 
 def _reference(x, fmt, block_size, scale_mode):
@@ -79,41 +44,29 @@ def _reference_t(x, fmt, block_size, scale_mode):
     return qdata_t, scale_t.t().contiguous()
 
 
+def _reference_both(x, fmt, block_size, scale_mode):
+    """Both casts, in the layout of :func:`_empty_both`."""
+    q_row, s_row = _reference(x, fmt, block_size, scale_mode)
+    return q_row, s_row.t().contiguous(), *_reference_t(x, fmt, block_size, scale_mode)
+
+
+REFERENCES.update(
+    quantize_rowwise=_reference, quantize_colwise=_reference_t, quantize_both=_reference_both
+)
+
+
+# The op bodies: checks, backend choice and launch arguments are planned once per call
+# signature (mx_kernels.cast_plan).
 def _quantize_rowwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    f = get_format(fmt)
-    if _choose("quantize_rowwise", backend, x, f, block_size, (-1,)) == "reference":
-        return _reference(x, f, block_size, scale_mode)
-    qdata, scale = _empty_cast(x.shape, f, block_size, x.device)
-    x2d = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    _launch(x2d, f, block_size, scale_mode, qdata, scale, None, None)
-    return qdata, scale
+    return plan_for("quantize_rowwise", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _quantize_colwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    f = get_format(fmt)
-    if _choose("quantize_colwise", backend, x, f, block_size, (0,)) == "reference":
-        return _reference_t(x, f, block_size, scale_mode)
-    q_t, s_t = _empty_cast_t(x.shape, f, block_size, x.device)
-    _launch(x, f, block_size, scale_mode, None, None, q_t, s_t)
-    return q_t, s_t
+    return plan_for("quantize_colwise", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _quantize_both_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    f = get_format(fmt)
-    if _choose("quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
-        q_row, s_row = _reference(x, f, block_size, scale_mode)
-        return q_row, s_row.t().contiguous(), *_reference_t(x, f, block_size, scale_mode)
-    if f.is_packed and x.stride(1) != 1:
-        # On the H200 (triton 3.6) the fused cast wrote wrong columnwise scales and codes
-        # for fp4 from an fp32 x strided along K (x.t() of a contiguous tensor), while
-        # from a contiguous x it was exact (BENCHMARKS.md, 2026-12-03 'Casts: word
-        # stores'; reproducer: tools/bench/repro_both_fp4.py). Until that is understood,
-        # it reads a copy.
-        log_choice("quantize_both", "triton", x.device.type, "fp4, x strided along K: copy")
-        x = x.contiguous()
-    q_row, s_row_buf, q_col, s_col = _empty_both(x.shape, f, block_size, x.device)
-    _launch(x, f, block_size, scale_mode, q_row, s_row_buf.t(), q_col, s_col)
-    return q_row, s_row_buf, q_col, s_col
+    return plan_for("quantize_both", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 _CAST_ARGS = "(Tensor x, str fmt, SymInt block_size, str scale_mode, str backend)"
@@ -140,28 +93,6 @@ QUANTIZE_BOTH = define_op(
 )
 
 
-def _check(fn: str, x, fmt, block_size, scale_mode, backend) -> tuple[str, str]:
-    """Validate the public functions' arguments that the op bodies do not see as
-    tensors; returns the format's and the scale mode's canonical names. The shape
-    checks run in the op bodies (:func:`_choose`), on the tensors that really run."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise TypeError(f"{fn}: block_size must be an int, got {type(block_size).__name__}")
-    names = _names.__wrapped__ if torch.compiler.is_compiling() else _names  # dynamo: no caches
-    try:
-        return names(fmt, scale_mode, backend)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"{fn}: {e}") from None
-
-
-@functools.lru_cache(maxsize=256)
-def _names(fmt, scale_mode, backend) -> tuple[str, str]:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
-    return get_format(fmt).name, get_scale_mode(scale_mode).value
-
-
 def quantize_rowwise(
     x: torch.Tensor,
     fmt: str = "fp8_e4m3",
@@ -181,9 +112,10 @@ def quantize_rowwise(
         [..., K // block_size] float8_e8m0fnu; both contiguous. Equal to
         ``mx_core.quantize(x, fmt, dim=-1, ...)``'s ``qdata`` and ``scale``.
     """
-    name, mode = _check("quantize_rowwise", x, fmt, block_size, scale_mode, backend)
-    op = _quantize_rowwise_impl if may_skip_dispatch(x) else QUANTIZE_ROWWISE
-    return op(x, name, block_size, mode, backend)
+    if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
+        return plan_for("quantize_rowwise", True, x, fmt, block_size, scale_mode, backend)(x)
+    name, mode = check_args("quantize_rowwise", x, fmt, block_size, scale_mode, backend)
+    return QUANTIZE_ROWWISE(x, name, block_size, mode, backend)
 
 
 def quantize_colwise(
@@ -209,10 +141,10 @@ def quantize_colwise(
     It is also the layout Transformer Engine keeps columnwise MXFP8 scales in. Call
     ``scale_t.contiguous()`` for a row-major copy.
     """
-    name, mode = _check("quantize_colwise", x, fmt, block_size, scale_mode, backend)
-    op = _quantize_colwise_impl if may_skip_dispatch(x) else QUANTIZE_COLWISE
-    qdata_t, scale_buf = op(x, name, block_size, mode, backend)
-    return qdata_t, scale_buf.t()
+    if may_skip_dispatch(x) and type(block_size) is int:
+        return plan_for("quantize_colwise", True, x, fmt, block_size, scale_mode, backend)(x)
+    name, mode = check_args("quantize_colwise", x, fmt, block_size, scale_mode, backend)
+    return public_layout(QUANTIZE_COLWISE(x, name, block_size, mode, backend))
 
 
 def quantize_both(
@@ -238,7 +170,7 @@ def quantize_both(
     the cast 6-8% faster on the H200 (BENCHMARKS.md). ``dequantize_rowwise`` and
     ``scaled_mm`` take either layout; call ``s_row.contiguous()`` for a row-major copy.
     """
-    name, mode = _check("quantize_both", x, fmt, block_size, scale_mode, backend)
-    op = _quantize_both_impl if may_skip_dispatch(x) else QUANTIZE_BOTH
-    q_row, s_row_buf, q_col_t, s_col_buf = op(x, name, block_size, mode, backend)
-    return q_row, s_row_buf.t(), q_col_t, s_col_buf.t()
+    if may_skip_dispatch(x) and type(block_size) is int:
+        return plan_for("quantize_both", True, x, fmt, block_size, scale_mode, backend)(x)
+    name, mode = check_args("quantize_both", x, fmt, block_size, scale_mode, backend)
+    return public_layout(QUANTIZE_BOTH(x, name, block_size, mode, backend))

@@ -172,11 +172,41 @@ def _launch(
     ``tile`` (a :class:`CastTile` or the tuple of its fields) overrides TILE_CONFIGS;
     ``hw_round`` overrides the rounding path (default: the GPU's fp8 conversion on CUDA,
     fp32 arithmetic in the interpreter). Benchmarks sweep these; every choice is
-    bit-exact where it runs.
+    bit-exact where it runs. The ops launch through :mod:`mx_kernels.cast_plan` instead,
+    with the same arguments, planned once per shape.
     """
-    m, k = x2d.shape
+    launcher, grid, ints = _launch_args(
+        x2d.shape, x2d.stride(), x2d.device, fmt, block_size, scale_mode,
+        q_row, s_row, q_col, s_col, tile, hw_round, dequantized,
+    )  # fmt: skip
+    dummy = _no_output(x2d.device)
+
+    def u8(out):
+        return dummy if out is None else out if dequantized else out.view(torch.uint8)
+
+    launcher(grid, x2d, u8(q_row), u8(s_row), u8(q_col), u8(s_col), *ints)
+
+
+def _launch_args(
+    shape,
+    strides,
+    device: torch.device,
+    fmt: ElementFormat,
+    block_size: int,
+    scale_mode: str,
+    q_row,
+    s_row,
+    q_col,
+    s_col,
+    tile: tuple[int, ...] | None = None,
+    hw_round: bool | None = None,
+    dequantized: bool = False,
+) -> tuple[KernelLauncher, tuple[int, ...], tuple[int, ...]]:
+    """:func:`_launch`'s launcher, grid and int arguments for an x [M, K] of ``strides``
+    on ``device``; the outputs are only looked at for which are given and s_row's
+    strides (meta tensors will do)."""  # fmt: skip
+    m, k = shape
     kind = _KINDS[(q_row is not None, q_col is not None, dequantized)]
-    device = x2d.device
     cuda = device.type == "cuda"
     hw_round = cuda if hw_round is None else hw_round
     s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)
@@ -192,11 +222,6 @@ def _launch(
         kind, fmt.name, block_size, scale_mode, None if tile is None else tuple(tile),
         hw_round, not cuda and interpreter_enabled(), s_row_t,
     )  # fmt: skip
-    dummy = _no_output(device)
-
-    def u8(out):
-        return dummy if out is None else out if dequantized else out.view(torch.uint8)
-
     grid = (-(-m // t.block_m), -(-k // t.block_k))
     tiles, tiles_per_program = grid[0] * grid[1], 1
     if t.programs_per_sm:
@@ -204,10 +229,7 @@ def _launch(
         tiles_per_program = -(-tiles // grid[0])
     elif t.k_first:
         grid = (tiles,)
-    launcher(
-        grid, x2d, u8(q_row), u8(s_row), u8(q_col), u8(s_col), m, k,
-        x2d.stride(0), x2d.stride(1), *s_row_strides, tiles_per_program,
-    )  # fmt: skip
+    return launcher, grid, (m, k, *strides, *s_row_strides, tiles_per_program)
 
 
 def _empty_cast(

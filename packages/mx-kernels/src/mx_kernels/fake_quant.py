@@ -15,51 +15,36 @@ from __future__ import annotations
 import torch
 
 import mx_core
-from mx_core import get_format
-from mx_kernels.cast import _CAST_ARGS, _check, _choose, _launch
+from mx_kernels.cast import _CAST_ARGS
+from mx_kernels.cast_plan import REFERENCES, check_args, plan_for
 from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["fake_quantize_both", "fake_quantize_colwise", "fake_quantize_rowwise"]
 
 
-def _reference(x: torch.Tensor, fmt: str, block_size: int, scale_mode: str, dim: int):
+def _reference(x: torch.Tensor, fmt, block_size: int, scale_mode: str, dim: int):
     t = mx_core.quantize(x, fmt, block_size=block_size, dim=dim, scale_mode=scale_mode)
-    return t.dequantize(x.dtype)
+    return t.dequantize(x.dtype).contiguous()
 
 
-def _triton(x2d, fmt: str, block_size: int, scale_mode: str, rowwise: bool, colwise: bool):
-    """Fake-quantized [M, K] outputs of the Triton kernel, None where not asked for."""
-    row = torch.empty(x2d.shape, dtype=x2d.dtype, device=x2d.device) if rowwise else None
-    col = torch.empty(x2d.shape, dtype=x2d.dtype, device=x2d.device) if colwise else None
-    _launch(x2d, get_format(fmt), block_size, scale_mode, row, None, col, None, dequantized=True)
-    return row, col
+REFERENCES.update(
+    fake_quantize_rowwise=lambda x, *args: _reference(x, *args, -1),
+    fake_quantize_colwise=lambda x, *args: _reference(x, *args, 0),
+    fake_quantize_both=lambda x, *args: (_reference(x, *args, -1), _reference(x, *args, 0)),
+)
 
 
+# The op bodies, planned once per call signature (mx_kernels.cast_plan).
 def _fake_quantize_rowwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    f = get_format(fmt)
-    if _choose("fake_quantize_rowwise", backend, x, f, block_size, (-1,)) == "reference":
-        return _reference(x, fmt, block_size, scale_mode, -1).contiguous()
-    if x.dim() == 2:
-        return _triton(x, fmt, block_size, scale_mode, True, False)[0]
-    row, _ = _triton(x.reshape(-1, x.shape[-1]), fmt, block_size, scale_mode, True, False)
-    return row.view(x.shape)
+    return plan_for("fake_quantize_rowwise", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _fake_quantize_colwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    f = get_format(fmt)
-    if _choose("fake_quantize_colwise", backend, x, f, block_size, (0,)) == "reference":
-        return _reference(x, fmt, block_size, scale_mode, 0).contiguous()
-    return _triton(x, fmt, block_size, scale_mode, False, True)[1]
+    return plan_for("fake_quantize_colwise", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _fake_quantize_both_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    f = get_format(fmt)
-    if _choose("fake_quantize_both", backend, x, f, block_size, (-1, 0)) == "reference":
-        return (
-            _reference(x, fmt, block_size, scale_mode, -1).contiguous(),
-            _reference(x, fmt, block_size, scale_mode, 0).contiguous(),
-        )
-    return _triton(x, fmt, block_size, scale_mode, True, True)
+    return plan_for("fake_quantize_both", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
 def _like(x, fmt, block_size, scale_mode, backend):
@@ -97,9 +82,10 @@ def fake_quantize_rowwise(
         [..., K] contiguous, x's dtype; equal to
         ``mx_core.quantize(x, fmt, dim=-1, ...).dequantize(x.dtype)``.
     """
-    name, mode = _check("fake_quantize_rowwise", x, fmt, block_size, scale_mode, backend)
-    op = _fake_quantize_rowwise_impl if may_skip_dispatch(x) else FAKE_QUANTIZE_ROWWISE
-    return op(x, name, block_size, mode, backend)
+    if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
+        return plan_for("fake_quantize_rowwise", True, x, fmt, block_size, scale_mode, backend)(x)
+    name, mode = check_args("fake_quantize_rowwise", x, fmt, block_size, scale_mode, backend)
+    return FAKE_QUANTIZE_ROWWISE(x, name, block_size, mode, backend)
 
 
 def fake_quantize_colwise(
@@ -115,9 +101,10 @@ def fake_quantize_colwise(
     Returns:
         [M, K] contiguous; equal to ``mx_core.quantize(x, fmt, dim=0, ...).dequantize(x.dtype)``.
     """
-    name, mode = _check("fake_quantize_colwise", x, fmt, block_size, scale_mode, backend)
-    op = _fake_quantize_colwise_impl if may_skip_dispatch(x) else FAKE_QUANTIZE_COLWISE
-    return op(x, name, block_size, mode, backend)
+    if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
+        return plan_for("fake_quantize_colwise", True, x, fmt, block_size, scale_mode, backend)(x)
+    name, mode = check_args("fake_quantize_colwise", x, fmt, block_size, scale_mode, backend)
+    return FAKE_QUANTIZE_COLWISE(x, name, block_size, mode, backend)
 
 
 def fake_quantize_both(
@@ -130,6 +117,7 @@ def fake_quantize_both(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fake_quantize_rowwise` and :func:`fake_quantize_colwise` of a 2-D x [M, K]
     from one read of x. Returns ``(rowwise [M, K], colwise [M, K])``."""
-    name, mode = _check("fake_quantize_both", x, fmt, block_size, scale_mode, backend)
-    op = _fake_quantize_both_impl if may_skip_dispatch(x) else FAKE_QUANTIZE_BOTH
-    return op(x, name, block_size, mode, backend)
+    if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
+        return plan_for("fake_quantize_both", True, x, fmt, block_size, scale_mode, backend)(x)
+    name, mode = check_args("fake_quantize_both", x, fmt, block_size, scale_mode, backend)
+    return FAKE_QUANTIZE_BOTH(x, name, block_size, mode, backend)

@@ -7,13 +7,16 @@ keeps the compiled kernels of one (kernel, constexprs) configuration, keyed by e
 tensor argument's dtype and 16-byte alignment and each int argument's value (a superset
 of what Triton specializes on, so a cached kernel is never reused for arguments it was
 not compiled for), and launches a hit through the compiled kernel's own launcher.
+:class:`PreparedLaunch` goes further for callers whose grid and ints are fixed (the
+casts' plans, :mod:`mx_kernels.cast_plan`): one dict lookup on the first tensor's
+alignment, then the launch.
 
 The first call of each key, every call under ``TRITON_INTERPRET=1`` (CPU tensors) and
 every call while a Triton launch hook is set (profilers) take Triton's own JIT path.
 ``MX_KERNELS_CACHED_LAUNCH=0`` sends every launch through Triton's JIT (to rule the
 cache out when something looks wrong); ``MX_KERNELS_CHECK_LAUNCH=1`` checks, on every
 cached launch, that Triton's JIT would have picked the same compiled kernel (the GPU
-benchmarks' ``--check``).
+benchmarks' ``--check``). :mod:`mx_kernels.testing` runs the cached path on CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["KernelLauncher", "specialization_key"]
+__all__ = ["KernelLauncher", "PreparedLaunch", "specialization_key"]
 
 
 def specialization_key(args: Sequence, tensors: int) -> tuple:
@@ -39,6 +42,9 @@ class KernelLauncher:
     kernel's last parameters."""
 
     MAX_ENTRIES = 1024  # distinct shapes kept per configuration before starting afresh
+    # Device types whose launches go through the cache (Triton's compiled launchers are
+    # CUDA's; mx_kernels.testing adds "cpu" with a stand-in compiled kernel).
+    cached_devices: tuple[str, ...] = ("cuda",)
 
     def __init__(self, kernel, constexprs: dict, tensors: int) -> None:
         self.kernel = kernel
@@ -50,46 +56,120 @@ class KernelLauncher:
         self.n_runtime = len(names) - len(tail)
         self.tensors = tensors
         self._tail = tuple(constexprs[n] for n in tail)
-        self._compiled: dict[tuple, object] = {}
+        self._compiled: dict[tuple, tuple] = {}  # specialization key -> compile()'s entry
         from triton import knobs  # here, not at import: importing mx_kernels needs no triton
 
         self._runtime = knobs.runtime
-        self._driver = None  # triton's active driver, once a CUDA launch needs it
+
+    def caches(self, device_type: str) -> bool:
+        """Whether launches on tensors of ``device_type`` go through the cache."""
+        return _CACHED and device_type in self.cached_devices
+
+    def hooked(self) -> bool:
+        """Whether a Triton launch hook is set (then every launch takes Triton's path)."""
+        rt = self._runtime
+        return _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook)
 
     def __call__(self, grid: tuple[int, ...], *args) -> None:
         if len(args) != self.n_runtime:
             raise TypeError(f"KernelLauncher: {self.n_runtime} runtime arguments, got {len(args)}")
-        hooked = _hooked(self._runtime.launch_enter_hook) or _hooked(self._runtime.launch_exit_hook)
-        cuda = isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda"
-        if hooked or not cuda or not _CACHED:
+        x = args[0]
+        if not (isinstance(x, torch.Tensor) and self.caches(x.device.type)) or self.hooked():
             self.kernel[grid](*args, **self.constexprs)
             return
         key = specialization_key(args, self.tensors)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            compiled = self.kernel[grid](*args, **self.constexprs)
-            compiled._init_handles()
+        entry = self._compiled.get(key)
+        if entry is None:
             if len(self._compiled) >= self.MAX_ENTRIES:
                 self._compiled.clear()
-            self._compiled[key] = compiled
+            self._compiled[key] = self.compile(grid, args)
             return
+        self.run(entry, (*grid, 1, 1), grid, args, args)
+
+    def compile(self, grid: tuple[int, ...], args: Sequence) -> tuple:
+        """Launch through Triton's JIT (compiling on its first sight of these arguments'
+        specialization); returns the cache entry of the compiled kernel: its launcher,
+        function handle, packed metadata, the kernel itself and its specialization key."""
+        compiled = self.kernel[grid](*args, **self.constexprs)
+        compiled._init_handles()
+        key = specialization_key(args, self.tensors)
+        return (compiled.run, compiled.function, compiled.packed_metadata, compiled, key)
+
+    def run(self, entry: tuple, grid3: tuple, grid, args: Sequence, jit_args: Sequence) -> None:
+        """Launch the compiled kernel of ``entry`` (:meth:`compile`) on ``args``;
+        ``jit_args`` are the same arguments as Triton's JIT takes them (for the check)."""
         if _CHECK:
-            self._check(compiled, grid, args)
-        if self._driver is None:
-            from triton.runtime import driver
+            self.check(entry, grid, jit_args)
+        run, function, metadata, _, _ = entry
+        run(*grid3[:3], _stream(), function, metadata, None, None, None, *args, *self._tail)
 
-            self._driver = driver.active
-        stream = self._driver.get_current_stream(self._driver.get_current_device())
-        g = (*grid, 1, 1)
-        compiled.run(
-            g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
-            None, None, None, *args, *self._tail,
-        )  # fmt: skip
-
-    def _check(self, compiled, grid, args) -> None:
-        jit = self.kernel.warmup(*args, grid=grid, **self.constexprs)
+    def check(self, entry: tuple, grid, jit_args: Sequence) -> None:
+        """Raise unless Triton's JIT picks the compiled kernel of ``entry`` for ``jit_args``."""
+        compiled = entry[3]
+        jit = self.kernel.warmup(*jit_args, grid=grid, **self.constexprs)
         if jit is not compiled and jit.asm != compiled.asm:
-            raise RuntimeError(f"KernelLauncher: cached kernel differs from Triton's for {args}")
+            raise RuntimeError(
+                f"KernelLauncher: cached kernel differs from Triton's for {tuple(jit_args)}"
+            )
+
+
+class PreparedLaunch:
+    """Launches of one :class:`KernelLauncher` at a fixed grid and fixed int arguments,
+    on tensors of fixed dtypes (Triton's JIT sees each as ``jit_dtypes`` gives, by a
+    view; None: as it is) whose alignment is fixed except the first's: the caller
+    passes tensors it allocated itself (16-byte aligned, as torch's allocators give)
+    after the first. A call costs a dict lookup on the first tensor's alignment, then
+    the compiled kernel's own launch; with ``MX_KERNELS_CHECK_LAUNCH=1`` the check of
+    :class:`KernelLauncher` also confirms the specialization key the cache assumed."""
+
+    __slots__ = ("launcher", "grid", "ints", "cached", "_grid3", "_tail", "_views", "_compiled")
+
+    def __init__(
+        self, launcher: KernelLauncher, grid: tuple[int, ...], ints: tuple[int, ...],
+        device_type: str, jit_dtypes: tuple,
+    ) -> None:  # fmt: skip
+        if len(jit_dtypes) + len(ints) != launcher.n_runtime:
+            raise TypeError(
+                f"PreparedLaunch: {launcher.n_runtime} runtime arguments, "
+                f"got {len(jit_dtypes)} tensors and {len(ints)} ints"
+            )
+        self.launcher = launcher
+        self.grid = grid
+        self.ints = ints
+        self.cached = launcher.caches(device_type)
+        self._grid3 = (*grid, 1, 1)[:3]
+        self._tail = (*ints, *launcher._tail)
+        self._views = jit_dtypes
+        self._compiled: dict[int, tuple] = {}  # first tensor's data_ptr % 16 -> entry
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        if self.cached and not self.launcher.hooked():
+            entry = self._compiled.get(tensors[0].data_ptr() & 15)
+            if entry is not None:
+                if _CHECK:
+                    self._check(entry, tensors)
+                run, function, metadata, _, _ = entry
+                g = self._grid3
+                run(g[0], g[1], g[2], _stream(), function, metadata, None, None, None,
+                    *tensors, *self._tail)  # fmt: skip
+                return
+        args = (*self.jit_tensors(tensors), *self.ints)
+        if self.cached and not self.launcher.hooked():
+            self._compiled[tensors[0].data_ptr() & 15] = self.launcher.compile(self.grid, args)
+        else:
+            self.launcher.kernel[self.grid](*args, **self.launcher.constexprs)
+
+    def jit_tensors(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``tensors`` as Triton's JIT takes them (viewed as ``jit_dtypes``)."""
+        views = zip(tensors, self._views, strict=True)
+        return [t if d is None or t.dtype == d else t.view(d) for t, d in views]
+
+    def _check(self, entry: tuple, tensors: Sequence[torch.Tensor]) -> None:
+        args = (*self.jit_tensors(tensors), *self.ints)
+        key = specialization_key(args, len(tensors))
+        if key != entry[4]:
+            raise RuntimeError(f"PreparedLaunch: the kernel compiled for {entry[4]} got {key}")
+        self.launcher.check(entry, self.grid, args)
 
 
 def _hooked(hook) -> bool:
@@ -98,5 +178,24 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+def _current_stream() -> int:
+    """The current CUDA stream's handle, as Triton's JIT launches on it (its driver's
+    ``get_current_stream(get_current_device())``), without ``torch.cuda.current_device``'s
+    Python lazy-init check: a launch reaches here only after a CUDA tensor exists."""
+    global _stream
+    from triton.runtime import driver
+
+    active = driver.active
+    device = getattr(torch._C, "_cuda_getDevice", active.get_current_device)
+    get_stream = active.get_current_stream
+
+    def stream() -> int:
+        return get_stream(device())
+
+    _stream = stream
+    return stream()
+
+
+_stream = _current_stream  # replaced by the bound getter on first use
 _CACHED = os.environ.get("MX_KERNELS_CACHED_LAUNCH", "1") not in ("", "0")
 _CHECK = os.environ.get("MX_KERNELS_CHECK_LAUNCH", "0") not in ("", "0")

@@ -1,0 +1,253 @@
+"""Plans of the cast calls: everything a cast derives from its arguments, built once per
+distinct (op, layout, shape, strides, dtype, device, format, block size, scale mode,
+backend), so that a call is a dict lookup, its output allocations and the kernel launch.
+
+A cast's host time is measured against kernels of a few microseconds, and each Python
+step of the checks, the backend choice, the output shapes and the launch arguments
+costs a fraction of a microsecond to a few (BENCHMARKS.md, 'Host cost per op'). A plan
+is made by the full checks, which raise naming the argument, so a cached plan stands
+for arguments that passed them. What may change between calls of equal keys is read on
+every call: whether the backend choice still has to be logged (a set lookup), Triton's
+launch hooks and ``MX_KERNELS_CHECK_LAUNCH`` (:mod:`mx_kernels.launch`), and, off
+CUDA, ``TRITON_INTERPRET`` (part of the key).
+
+Layouts: an op (``torch.ops.mx.*``) returns contiguous buffers; the public functions
+return some scales transposed (:mod:`mx_kernels.cast`), so their plans allocate those
+column-major directly (one ``torch.empty_strided`` each, no view afterwards).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+
+import torch
+
+import mx_core
+from mx_core import ElementFormat, get_format, get_scale_mode
+from mx_kernels import backend as _backend
+from mx_kernels.backend import (
+    BACKENDS,
+    TRITON_BLOCK_SIZES,
+    choose_backend,
+    interpreter_enabled,
+    log_choice,
+)
+from mx_kernels.cast_launch import _empty_both, _empty_cast, _empty_cast_t, _launch_args, _no_output
+from mx_kernels.launch import PreparedLaunch
+
+__all__ = ["CastPlan", "check_args", "plan_for", "public_layout"]
+
+# op -> the dims its blocks run along (-1: the last dim, any rank; 0: dim 0 of 2-D x)
+DIMS: dict[str, tuple[int, ...]] = {
+    "quantize_rowwise": (-1,),
+    "quantize_colwise": (0,),
+    "quantize_both": (-1, 0),
+    "fake_quantize_rowwise": (-1,),
+    "fake_quantize_colwise": (0,),
+    "fake_quantize_both": (-1, 0),
+}
+# op -> mx-core's reference, (x, fmt, block_size, scale_mode) -> the op's outputs; the
+# op modules (cast, fake_quant) register theirs.
+REFERENCES: dict[str, Callable] = {}
+MAX_PLANS = 4096  # distinct call signatures kept before starting afresh
+_PLANS: dict[tuple, CastPlan] = {}
+
+
+def public_layout(outs):
+    """quantize_colwise's or quantize_both's public outputs from its op's: the scales'
+    buffers transposed (column-major)."""
+    if len(outs) == 2:  # quantize_colwise: (qdata_t, scale buffer [M // bs, K])
+        return outs[0], outs[1].t()
+    q_row, s_row_buf, q_col, s_col_buf = outs  # quantize_both
+    return q_row, s_row_buf.t(), q_col, s_col_buf.t()
+
+
+_PUBLIC_VIEWS: dict[str, Callable] = {
+    "quantize_colwise": public_layout,
+    "quantize_both": public_layout,
+}
+
+
+def plan_for(op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, backend):
+    """The plan of cast ``op`` for these arguments, made (by the checks) on their first
+    call; calling it on x runs the cast. ``public``: the public function's layout and
+    argument checks (:func:`check_args`); otherwise the op's (its body, given canonical
+    names)."""
+    key = (
+        op, public, x.shape, x.stride(), x.dtype, x.device, fmt, block_size, scale_mode,
+        backend, x.is_cuda or interpreter_enabled(),
+    )  # fmt: skip
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument: the checks name it
+        return _plan(op, public, x, fmt, block_size, scale_mode, backend)
+    if plan is None:
+        plan = _plan(op, public, x, fmt, block_size, scale_mode, backend)
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def check_args(fn: str, x, fmt, block_size, scale_mode, backend) -> tuple[str, str]:
+    """Validate the public functions' arguments that the op bodies do not see as
+    tensors; returns the format's and the scale mode's canonical names. The shape
+    checks run in the op bodies (:func:`choose`), on the tensors that really run."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"{fn}: block_size must be an int, got {type(block_size).__name__}")
+    names = _names.__wrapped__ if torch.compiler.is_compiling() else _names  # dynamo: no caches
+    try:
+        try:
+            return names(fmt, scale_mode, backend)
+        except TypeError:  # unhashable arguments too get the checks' own error
+            return _names.__wrapped__(fmt, scale_mode, backend)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{fn}: {e}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _names(fmt, scale_mode, backend) -> tuple[str, str]:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    return get_format(fmt).name, get_scale_mode(scale_mode).value
+
+
+def choose(op: str, backend: str, x: torch.Tensor, block_size: int, dims: tuple) -> tuple[str, str]:
+    """The implementation an op body runs and why, after the checks of the tensor's
+    shape: the op bodies always see real tensors (local shards under DTensor, run-time
+    tensors under torch.compile), so these checks live here, not in the public
+    functions. Only plans are made through here: the checks run once per signature."""
+    if dims != (-1,) and x.dim() != 2:
+        raise ValueError(f"{op}: x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    for dim in dims:
+        mx_core.check_quantize_args(x, block_size, dim, fn=op)
+    gap = None
+    if block_size not in TRITON_BLOCK_SIZES:
+        gap = f"block_size={block_size} has no Triton cast (Triton: {TRITON_BLOCK_SIZES})"
+    return choose_backend(op, backend, x.device, gap)
+
+
+class CastPlan:
+    """One cast call signature's work: log the backend choice (once per process), then
+    run the reference, or allocate the outputs (``specs``: size, strides, dtype each;
+    ``allocs``: one ``torch.empty_strided`` each) and launch the kernel (``launch``;
+    ``slots`` picks its four output arguments from the outputs and the zero-size
+    stand-in appended to them; ``result`` what the call returns). ``prepare``, if set,
+    makes the x that the kernel reads (a copy)."""
+
+    __slots__ = ("logs", "_logged", "reference", "prepare", "specs", "allocs", "dummy",
+                 "launch", "slots", "result")  # fmt: skip
+
+    def __init__(self, logs: tuple, reference: Callable | None = None) -> None:
+        self.logs = logs  # log_choice's arguments, in order
+        self._logged = frozenset(logs)
+        self.reference = reference
+        self.prepare = None
+
+    def __call__(self, x: torch.Tensor):
+        if not self._logged <= _backend._LOGGED:
+            for key in self.logs:
+                log_choice(*key)
+        if self.reference is not None:
+            return self.reference(x)
+        if self.prepare is not None:
+            x = self.prepare(x)
+        outs = [alloc() for alloc in self.allocs]
+        outs.append(self.dummy)
+        self.launch(x, *self.slots(outs))
+        return self.result(outs)
+
+
+def _op_outputs(op: str, shape, f: ElementFormat, block_size: int, dtype: torch.dtype):
+    """The op's outputs as meta tensors, and for each of the kernel's outputs (q_row,
+    s_row, q_col, s_col) which of them it writes there (None: none)."""
+    if op == "quantize_rowwise":
+        return _empty_cast(shape, f, block_size, "meta"), (0, 1, None, None)
+    if op == "quantize_colwise":
+        return _empty_cast_t(shape, f, block_size, "meta"), (None, None, 0, 1)
+    if op == "quantize_both":
+        return _empty_both(shape, f, block_size, "meta"), (0, 1, 2, 3)
+    row = torch.empty(shape, dtype=dtype, device="meta")  # fake quantization: x's shape
+    if op == "fake_quantize_rowwise":
+        return (row,), (0, None, None, None)
+    if op == "fake_quantize_colwise":
+        return (row,), (None, None, 0, None)
+    return (row, torch.empty_like(row)), (0, None, 1, None)
+
+
+def _reshape_2d(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+def _plan(op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, backend):
+    if public:
+        fmt, scale_mode = check_args(op, x, fmt, block_size, scale_mode, backend)
+    f = get_format(fmt)
+    impl, why = choose(op, backend, x, block_size, DIMS[op])
+    logs = [(op, impl, x.device.type, why)]
+    view = _PUBLIC_VIEWS.get(op) if public else None
+    if impl == "reference":
+        reference = REFERENCES[op]
+
+        def run_reference(x):
+            out = reference(x, f, block_size, scale_mode)
+            return out if view is None else view(out)
+
+        return CastPlan(tuple(logs), run_reference)
+    return _triton_plan(op, x, f, block_size, scale_mode, logs, view)
+
+
+def _triton_plan(op, x, f: ElementFormat, block_size: int, scale_mode: str, logs: list, view):
+    """The Triton cast's plan: the op's outputs laid out on meta tensors (the same
+    functions allocate them in the fake implementations), the public views of them,
+    and the launch arguments of :func:`mx_kernels.cast_launch._launch` for them."""
+    device, shape = x.device, x.shape
+    prepare = None
+    if op.endswith("rowwise") and x.dim() != 2:
+        k = shape[-1]
+        try:  # the kernel reads x itself, as the [M, K] view it has
+            x2d = x.view(-1, k)
+            m, strides = x2d.shape[0], x2d.stride()
+        except RuntimeError:  # not viewable: a copy, as reshape makes (or its error)
+            m = torch.empty(shape, device="meta").reshape(-1, k).shape[0]
+            prepare, strides = _reshape_2d, (k, 1)
+    else:
+        (m, k), strides = shape, x.stride()
+    if op == "quantize_both" and f.is_packed and strides[1] != 1:
+        # On the H200 (triton 3.6) the fused cast wrote wrong columnwise scales and codes
+        # for fp4 from an fp32 x strided along K (x.t() of a contiguous tensor), while
+        # from a contiguous x it was exact (BENCHMARKS.md, 2026-12-03 'Casts: word
+        # stores'; reproducer: tools/bench/repro_both_fp4.py). Until that is understood,
+        # it reads a copy.
+        logs.append((op, "triton", device.type, "fp4, x strided along K: copy"))
+        prepare, strides = operator.methodcaller("contiguous"), (k, 1)
+    outs, slot_idx = _op_outputs(op, shape, f, block_size, x.dtype)
+    kernel_outs = [None if i is None else outs[i] for i in slot_idx]
+    if op == "quantize_both":
+        kernel_outs[1] = outs[1].t()  # written through the scale buffer's transpose
+    fake = op.startswith("fake_")
+    launcher, grid, ints = _launch_args(
+        (m, k), tuple(strides), device, f, block_size, scale_mode, *kernel_outs,
+        dequantized=fake,
+    )  # fmt: skip
+    returned = outs if view is None else view(outs)
+    u8 = None if fake else torch.uint8
+    plan = CastPlan(tuple(logs))
+    plan.prepare = prepare
+    plan.specs = tuple((tuple(o.shape), o.stride(), o.dtype) for o in returned)
+    plan.allocs = tuple(
+        functools.partial(torch.empty_strided, size, stride, dtype=dtype, device=device)
+        for size, stride, dtype in plan.specs
+    )
+    plan.dummy = _no_output(device)
+    plan.launch = PreparedLaunch(
+        launcher, grid, ints, device.type, (None, *(None if i is None else u8 for i in slot_idx))
+    )
+    dummy = len(outs)  # its index in the list of outputs
+    plan.slots = operator.itemgetter(*(dummy if i is None else i for i in slot_idx))
+    plan.result = operator.itemgetter(*range(len(outs)))
+    return plan
