@@ -47,6 +47,7 @@ device); "auto" decides as above. Which path runs is logged once per device.
 from __future__ import annotations
 
 import logging
+import os
 from types import SimpleNamespace
 
 import torch
@@ -254,17 +255,37 @@ def _fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype
     arbitrary frozen dataclass instances").
     """
     fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
-    return _fake_quant_path_of(device.type, device.index, fields, dtype)
+    if torch.compiler.is_compiling():
+        return _fake_quant_path_of(device.type, device.index, fields, dtype)
+    # Eager: asked on every call, and resolving three GEMM backends costs tens of us of
+    # host time; the answer depends on these and on the GEMM design's variable only.
+    key = (device.type, device.index, fields, dtype, os.environ.get(_DESIGN_ENV))
+    hit = _PATHS.get(key)
+    if hit is None:
+        hit = _PATHS[key] = _decide(device.type, device.index, fields, dtype)
+    _log_path(hit[1])
+    return hit[0]
 
 
 _CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
                   "hp_weight_grad", "save_mx_activations", "compute_path")  # fmt: skip
+_DESIGN_ENV = "MX_KERNELS_MM_DESIGN"  # mx_kernels.matmul's choice of sm90 GEMM design
+_PATHS: dict[tuple, tuple[bool, tuple[str, str, str]]] = {}
 
 
 @torch.compiler.assume_constant_result
 def _fake_quant_path_of(
     device_type: str, device_index: int | None, fields: tuple, dtype: torch.dtype
 ) -> bool:
+    fused, log_key = _decide(device_type, device_index, fields, dtype)
+    _log_path(log_key)
+    return fused
+
+
+def _decide(
+    device_type: str, device_index: int | None, fields: tuple, dtype: torch.dtype
+) -> tuple[bool, tuple[str, str, str]]:
+    """(whether to run the fused path, what to log of it)."""
     c = SimpleNamespace(**dict(zip(_CONFIG_FIELDS, fields, strict=True)))
     device = torch.device(device_type, device_index)
     if c.compute_path != "auto":
@@ -278,11 +299,13 @@ def _fake_quant_path_of(
         fused = all(bf16_gemm_design(device, a, b, backend=c.gemm_backend) for a, b in pairs)
         why = ""
     path = "fake-quantized casts + bf16 GEMMs" if fused else "MX casts + scaled_mm"
-    key = (path, str(device), why)
-    if key not in _LOGGED:
+    return fused, (path, str(device), why)
+
+
+def _log_path(key: tuple[str, str, str]) -> None:
+    if key not in _LOGGED:  # once per path and device
         _LOGGED.add(key)
         logger.info("mx_nn.MXLinear: %s on %s%s", *key)
-    return fused
 
 
 class MXLinear(nn.Linear):
