@@ -59,7 +59,7 @@ import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 import mx_kernels
 import mx_nn.gathered_cast  # noqa: F401  (MX gathers hand their cast to these layers)
 from mx_core import MXTensor, get_format
-from mx_kernels.matmul import bf16_gemm, bf16_gemm_design
+from mx_kernels.matmul import _DESIGN_ENV, bf16_gemm, bf16_gemm_design
 from mx_nn import fsdp_gathered
 from mx_nn.cast_cache import cast_shared
 from mx_nn.config import MXLinearConfig
@@ -269,7 +269,6 @@ def _fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype
 
 _CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
                   "hp_weight_grad", "save_mx_activations", "compute_path")  # fmt: skip
-_DESIGN_ENV = "MX_KERNELS_MM_DESIGN"  # mx_kernels.matmul's choice of sm90 GEMM design
 _PATHS: dict[tuple, tuple[bool, tuple[str, str, str]]] = {}
 
 

@@ -45,8 +45,7 @@ def reduced(grad: torch.Tensor) -> torch.Tensor:
     the real backward with the tangent coerced to Replicate
     (``DTensor.__coerce_tangent_metadata__``), where this is again a no-op."""
     if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
-        placements = [Replicate() if p.is_partial() else p for p in grad.placements]
-        return grad.redistribute(grad.device_mesh, placements)
+        return grad.redistribute(grad.device_mesh, _summed(grad.placements))
     return grad
 
 
