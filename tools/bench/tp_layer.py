@@ -58,6 +58,15 @@ class Linears(nn.Module):
         return [layer(x) for layer, x in zip(self.layers, inputs, strict=True)]
 
 
+def inputs(tp: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The inputs of q/k/v, o, gate/up and down (requiring grad), and each output's grad."""
+    widths = [HIDDEN, HIDDEN // tp, HIDDEN, FFN // tp]
+    xs = [torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16) for k in widths]
+    xs = [x.requires_grad_() for x in xs]
+    grads = [torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16) for *_, n in shapes(tp)]
+    return xs, grads
+
+
 def step_fn(model, xs, grads):
     def step():
         outs = model(xs)
@@ -72,10 +81,7 @@ def run_tp(tp: int, recipe: str, steps: int, modes: tuple[str, ...]) -> dict[str
     mx = Linears(tp)
     mx.load_state_dict(bf16.state_dict())
     mx_nn.convert(mx, recipe)
-    widths = [HIDDEN, HIDDEN // tp, HIDDEN, FFN // tp]  # inputs of q/k/v, o, gate/up, down
-    xs = [torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16) for k in widths]
-    xs = [x.requires_grad_() for x in xs]
-    grads = [torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16) for *_, n in shapes(tp)]
+    xs, grads = inputs(tp)
     out = {}
     for mode in modes:
         for name, model in (("bf16", bf16), ("mx", mx)):

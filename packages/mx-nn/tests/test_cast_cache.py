@@ -29,15 +29,16 @@ def _step(layers, x):
     return y.detach(), x.grad, [layer.weight.grad for layer in layers]
 
 
-def _counting(monkeypatch, names):
+def _counting(monkeypatch, names, shape=None):
+    """Calls of each mx_kernels cast in ``names`` (on inputs of ``shape`` only, if given)."""
     calls = {n: 0 for n in names}
     for name in names:
         fn = getattr(mx_kernels, name)
 
         @functools.wraps(fn)
-        def counted(*args, _fn=fn, _name=name, **kwargs):
-            calls[_name] += 1
-            return _fn(*args, **kwargs)
+        def counted(x, *args, _fn=fn, _name=name, **kwargs):
+            calls[_name] += shape is None or tuple(x.shape) == shape
+            return _fn(x, *args, **kwargs)
 
         monkeypatch.setattr(mx_kernels, name, counted)
     return calls
@@ -46,21 +47,23 @@ def _counting(monkeypatch, names):
 @pytest.mark.parametrize("path", PATHS)
 def test_shared_input_is_cast_once_per_orientation_with_the_same_results(path, monkeypatch):
     layers = _layers(path)
-    x = torch.randn(2, 32, 128, dtype=torch.bfloat16)
+    x = torch.randn(2, 48, 128, dtype=torch.bfloat16)  # [96, 128]: no weight or dY is
     with monkeypatch.context() as m:  # every layer casts for itself
         m.setattr("mx_nn.linear.cast_shared", lambda site, cast, x, *a, **k: cast(x, *a, **k))
         want = _step(layers, x)
     for layer in layers:
         layer.weight.grad = None
-    names = (
-        ["fake_quantize_rowwise", "fake_quantize_colwise"]
+    # The fused path casts x both ways in forward (one read); the MX path along K in
+    # forward and along M in backward. Either way once for the three layers.
+    once = (
+        {"fake_quantize_both": 1, "fake_quantize_rowwise": 0, "fake_quantize_colwise": 0}
         if path == "fake_quant"
-        else ["quantize_rowwise", "quantize_colwise"]
+        else {"quantize_rowwise": 1, "quantize_colwise": 1}
     )
-    calls = _counting(monkeypatch, names)
+    calls = _counting(monkeypatch, list(once), shape=(96, 128))
     clear_cast_cache()
     got = _step(layers, x)
-    assert calls == {names[0]: 1, names[1]: 1}
+    assert calls == once
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     for gw, want_gw in zip(got[2], want[2], strict=True):
         assert torch.equal(gw, want_gw)
@@ -111,13 +114,11 @@ def test_compiled_layers_sharing_an_input_hold_one_cast_per_orientation():
     loss(x).backward()
     assert len(graphs) == 2  # forward, backward
     ops = graphs[0] + graphs[1]
-    # x's two casts once for the three layers (the partitioner may move the columnwise
-    # one into the forward graph and save its result instead of x).
-    assert ops.count("mx.fake_quantize_rowwise.default") == 1
-    assert ops.count("mx.fake_quantize_colwise.default") == 1
-    # Three weights and three dY; the partitioner may recompute weight casts rather
-    # than save them.
-    assert ops.count("mx.fake_quantize_both.default") in (6, 9)
+    # x's cast (both ways, in forward) once for the three layers, three weights and three
+    # dY; the partitioner may recompute weight casts rather than save them.
+    assert ops.count("mx.fake_quantize_rowwise.default") == 0
+    assert ops.count("mx.fake_quantize_colwise.default") == 0
+    assert ops.count("mx.fake_quantize_both.default") in (7, 10)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -129,12 +130,11 @@ def test_reused_weight_casts_until_a_step_or_a_load_changes_the_weight(path, mon
     name = "fake_quantize_both" if path == "fake_quant" else "quantize_both"
     opt = torch.optim.SGD(layer.parameters(), lr=0.1)
     clear_cast_cache()
-    calls = _counting(monkeypatch, [name])
+    calls = _counting(monkeypatch, [name], shape=(64, 128))  # the weight's casts only
     xs = [torch.randn(32, 128, dtype=torch.bfloat16) for _ in range(3)]
     for x in xs:  # three micro-batches: the weight's casts are made once
         layer(x).sum().backward()
-    weight_casts = calls[name] - 3  # each backward casts its dY with the same op
-    assert weight_casts == 1
+    assert calls[name] == 1
     for change in (
         opt.step,  # an in-place update: cast again, and the output follows the new weight
         lambda: layer.load_state_dict({"weight": torch.randn(64, 128, dtype=torch.bfloat16)}),
@@ -145,4 +145,23 @@ def test_reused_weight_casts_until_a_step_or_a_load_changes_the_weight(path, mon
             before = calls[name]
             assert torch.equal(layer(xs[0]), want)
             assert calls[name] == before + 1
+    clear_cast_cache()
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["no_grad", "frozen weight"])
+def test_forward_casts_x_along_m_only_when_backward_computes_dw(frozen, monkeypatch):
+    layers = _layers("fake_quant", n=1)
+    x = torch.randn(96, 128, dtype=torch.bfloat16, requires_grad=True)
+    names = ["fake_quantize_both", "fake_quantize_rowwise", "fake_quantize_colwise"]
+    calls = _counting(monkeypatch, names, shape=(96, 128))
+    clear_cast_cache()
+    if frozen:  # dX only: x along K in forward, nothing along M
+        layers[0].weight.requires_grad_(False)
+        layers[0](x).sum().backward()
+        assert x.grad is not None and layers[0].weight.grad is None
+    else:
+        with torch.no_grad():
+            layers[0](x)
+    assert calls == {"fake_quantize_both": 0, "fake_quantize_rowwise": 1,
+                     "fake_quantize_colwise": 0}  # fmt: skip
     clear_cast_cache()

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch.distributed.tensor import DTensor
 
-__all__ = ["cast_shared", "clear_cast_cache", "prime_cast"]
+__all__ = ["cast_shared", "clear_cast_cache", "peek_cast", "prime_cast"]
 
 
 class _Entry(NamedTuple):
@@ -63,6 +63,17 @@ def cast_shared(site: str, cast, x: torch.Tensor, *args, **kwargs):
     out = cast(x, *args, **kwargs)
     _ENTRIES[site] = _Entry(x, key, out)
     return out
+
+
+def peek_cast(site: str, cast, x: torch.Tensor, *args, **kwargs):
+    """What ``cast_shared(site, cast, x, *args, **kwargs)`` would hand out without
+    casting, or None: nothing is cast or kept. None under torch.compile."""
+    if torch.compiler.is_compiling():
+        return None
+    entry = _ENTRIES.get(site)
+    if entry is not None and entry.key == _key(x, cast, args, kwargs):
+        return entry.out
+    return None
 
 
 def prime_cast(site: str, cast, x: torch.Tensor, out, *args, **kwargs) -> None:

@@ -39,7 +39,8 @@ Where ``scaled_mm`` would multiply bf16 dequantized operands anyway (its
 ``dequant_bf16`` design, sm90's choice; ``mx_kernels.bf16_gemm_design``), the layer
 fuses each cast with its dequantize (``mx_kernels.fake_quantize_*``) and runs the bf16
 GEMMs on the results: the same values and accumulation, fewer passes over memory. Not
-for fp16 inputs or when the MX casts are saved (``save_mx_activations``).
+for fp16 inputs or when the MX casts are saved (``save_mx_activations``). That path casts
+X both ways in forward (one read) and saves the columnwise values instead of X.
 ``MXLinearConfig.compute_path`` forces either path ("mx" or "fake_quant", on any
 device); "auto" decides as above. Which path runs is logged once per device.
 """
@@ -61,7 +62,7 @@ import mx_nn.gathered_cast  # noqa: F401  (MX gathers hand their cast to these l
 from mx_core import MXTensor, get_format
 from mx_kernels.matmul import _DESIGN_ENV, bf16_gemm, bf16_gemm_design
 from mx_nn import fsdp_gathered
-from mx_nn.cast_cache import cast_shared
+from mx_nn.cast_cache import cast_shared, peek_cast
 from mx_nn.config import MXLinearConfig
 from mx_nn.local_shards import on_local_shards, reduced
 from mx_nn.placements import linear_layout
@@ -82,25 +83,25 @@ def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     return fn(x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend)
 
 
+def _cast_kwargs(c: MXLinearConfig) -> dict:
+    return {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
+            "backend": c.cast_backend}  # fmt: skip
+
+
 def _cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig):
     """:func:`_cast` of the weight, kept while it is unchanged if the config asks. Only
     a Parameter's: a weight converted per step (autocast to another dtype) is new each
     time, and keeping its casts would keep every copy."""
     if not (c.reuse_weight_casts and isinstance(weight, nn.Parameter)):
         return _cast(fn, weight, fmt, c)
-    mode, backend = c.scale_mode_name, c.cast_backend
     site = f"weight {id(weight)}"  # one entry per weight; it holds the weight alive
-    return cast_shared(site, fn, weight, fmt, block_size=c.block_size, scale_mode=mode,
-                       backend=backend)  # fmt: skip
+    return cast_shared(site, fn, weight, fmt, **_cast_kwargs(c))
 
 
 def _cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     """:func:`_cast` of the layer's input, shared with the other layers that read the
     same tensor (q/k/v, gate/up; :mod:`mx_nn.cast_cache`)."""
-    mode, backend = c.scale_mode_name, c.cast_backend
-    return cast_shared(
-        fn.__name__, fn, x, fmt, block_size=c.block_size, scale_mode=mode, backend=backend
-    )
+    return cast_shared(fn.__name__, fn, x, fmt, **_cast_kwargs(c))
 
 
 def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -137,10 +138,12 @@ def _gemm(a, a_fmt: str, b, b_fmt: str, out_dtype: torch.dtype, c: MXLinearConfi
 
 class _MXLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
+    def forward(
+        ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig, weight_grad: bool
+    ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         m = x2.shape[0]
-        if c.save_mx_activations and c.needs_colwise_input:
+        if c.save_mx_activations and c.needs_colwise_input and weight_grad:
             x_q, x_s, xt_q, xt_s = _cast_input(
                 mx_kernels.quantize_both, _pad_rows(x2, c.block_size), c.input_fmt, c
             )
@@ -195,7 +198,7 @@ class _MXLinearFunction(torch.autograd.Function):
             grad_x = _gemm(
                 (dy_q, dy_s), c.grad_output_fmt, (wt_q, wt_s), c.weight_fmt, ctx.x_dtype, c
             ).reshape(*grad_output.shape[:-1], wt_q.shape[0])
-        return grad_x, grad_w, None
+        return grad_x, grad_w, None, None
 
 
 class _FakeQuantLinearFunction(torch.autograd.Function):
@@ -205,23 +208,26 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     the MX path through ``scaled_mm``; no transposed copies, no code bytes."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
+    def forward(
+        ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig, weight_grad: bool
+    ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        xf = _cast_input(mx_kernels.fake_quantize_rowwise, x2, c.input_fmt, c)
+        xf, xf_col = _fake_quantized_input(x2, c, c.needs_colwise_input and weight_grad)
         ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX
         if ctx.gathered_weight:  # saved: backward's gather brings the colwise cast
             wf_row, wf_col = fsdp_gathered.rowwise_dequantized(weight, c), weight
         else:
             wf_row, wf_col = _cast_weight(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
         y = bf16_gemm(xf, wf_row.t(), x.dtype)
-        ctx.save_for_backward(wf_col, x2)
+        ctx.input_cast = xf_col is not None  # saved: X cast along M, else X itself
+        ctx.save_for_backward(wf_col, x2 if xf_col is None else xf_col)
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         c: MXLinearConfig = ctx.config
-        wf_col, x2 = ctx.saved_tensors
+        wf_col, saved_x = ctx.saved_tensors
         if ctx.gathered_weight:
             wf_col = fsdp_gathered.colwise_dequantized(wf_col, c)
         dy = reduced(grad_output).reshape(-1, grad_output.shape[-1])
@@ -229,20 +235,43 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
         grad_x = grad_w = None
         if c.hp_weight_grad:
             if ctx.needs_input_grad[1]:
-                grad_w = (dy.t() @ x2.to(dy.dtype)).to(ctx.w_dtype)
+                grad_w = (dy.t() @ saved_x.to(dy.dtype)).to(ctx.w_dtype)
             dyf = _cast(mx_kernels.fake_quantize_rowwise, dy, c.grad_output_fmt, c)
         else:
             dy_pad = _pad_rows(dy, c.block_size)  # colwise blocks run along M
             dyf, dyf_col = _cast(mx_kernels.fake_quantize_both, dy_pad, c.grad_output_fmt, c)
             dyf = dyf[:m]
             if ctx.needs_input_grad[1]:
-                x_pad = _pad_rows(x2, c.block_size)
-                xf_col = _cast_input(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
+                xf_col = saved_x
+                if not ctx.input_cast:  # an MX gather handed the forward its rowwise cast
+                    x_pad = _pad_rows(saved_x, c.block_size)
+                    xf_col = _cast_input(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
                 grad_w = bf16_gemm(dyf_col.t(), xf_col, ctx.w_dtype)
         if ctx.needs_input_grad[0]:
             grad_x = bf16_gemm(dyf, wf_col, ctx.x_dtype)
             grad_x = grad_x.reshape(*grad_output.shape[:-1], wf_col.shape[1])
-        return grad_x, grad_w, None
+        return grad_x, grad_w, None, None
+
+
+def _fake_quantized_input(
+    x2: torch.Tensor, c: MXLinearConfig, colwise: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """X [M, K] fake-quantized along K, and along M where ``colwise`` (the MX dW GEMM
+    will run) and no MX gather handed the rowwise cast over: both from one read of X
+    (``fake_quantize_both``, shared by the layers reading X), the columnwise one
+    saved for backward in place of X. That is one read of X and one launch fewer per
+    step than casting along M in backward (BENCHMARKS.md, 2026-12-05 'TP layer: where
+    the step goes'), and as much memory as saving X, except where something else keeps X
+    alive too (attention's output, which SDPA saves, as o_proj's input)."""
+    rowwise, fmt = mx_kernels.fake_quantize_rowwise, c.input_fmt
+    if colwise:
+        handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **_cast_kwargs(c))
+        if handed is None:
+            x_pad = _pad_rows(x2, c.block_size)  # colwise blocks run along M
+            row, col = _cast_input(mx_kernels.fake_quantize_both, x_pad, fmt, c)
+            return row[: x2.shape[0]], col
+        return handed, None
+    return _cast_input(rowwise, x2, fmt, c), None
 
 
 def _fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype) -> bool:
@@ -364,17 +393,20 @@ class MXLinear(nn.Linear):
         if torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
         fn = self._function(x.device, dtype or x.dtype, dtype or weight.dtype)
+        # Whether backward will compute dW: forward then prepares X's cast along M
+        # (autograd.Function.forward sees requires_grad even under no_grad).
+        weight_grad = weight.requires_grad and torch.is_grad_enabled()
         if isinstance(x, DTensor) or isinstance(weight, DTensor):
             layout = linear_layout(self.layer_name, x, weight, self.config)
             if _LOCAL_SHARDS:
-                y = on_local_shards(fn, x, weight, self.config, layout, dtype)
+                y = on_local_shards(fn, x, weight, self.config, layout, dtype, weight_grad)
                 return y if self.bias is None else y + self.bias.to(y.dtype)
         if dtype is not None:
             x, weight = x.to(dtype), weight.to(dtype)
             with torch.autocast(device_type, enabled=False):
-                y = fn.apply(x, weight, self.config)
+                y = fn.apply(x, weight, self.config, weight_grad)
         else:
-            y = fn.apply(x, weight, self.config)
+            y = fn.apply(x, weight, self.config, weight_grad)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _function(self, device: torch.device, x_dtype: torch.dtype, w_dtype: torch.dtype):

@@ -62,14 +62,20 @@ def _summed(placements) -> tuple:
 
 
 def on_local_shards(
-    fn, x: DTensor, weight: DTensor, config, layout: LinearLayout, dtype: torch.dtype | None
+    fn,
+    x: DTensor,
+    weight: DTensor,
+    config,
+    layout: LinearLayout,
+    dtype: torch.dtype | None,
+    weight_grad: bool,
 ) -> DTensor:
-    """``fn.apply(x_local, weight_local, config)`` (an MXLinear autograd function) as one
-    op from DTensors to a DTensor placed as ``layout`` says. ``dtype``: the autocast
-    dtype both operands are cast to first (as F.linear would), or None."""
+    """``fn.apply(x_local, weight_local, config, weight_grad)`` (an MXLinear autograd
+    function) as one op from DTensors to a DTensor placed as ``layout`` says. ``dtype``:
+    the autocast dtype both operands are cast to first (as F.linear would), or None."""
     shape = (*x.shape[:-1], weight.shape[0])
     if not _EAGER_OP or torch.compiler.is_compiling():
-        return _traceable(fn, x, weight, config, layout, dtype, shape)
+        return _traceable(fn, x, weight, config, layout, dtype, shape, weight_grad)
     out_dtype = dtype or x.dtype
     key = (layout, x.device_mesh, x.shape, weight.shape, x.dtype, weight.dtype, out_dtype)
     specs = _SPECS.get(key)
@@ -87,7 +93,7 @@ def on_local_shards(
         if len(_SPECS) >= 4096:
             _SPECS.clear()
         _SPECS[key] = specs
-    return _OnLocalShards.apply(x, weight, fn, config, dtype, specs)
+    return _OnLocalShards.apply(x, weight, fn, config, dtype, specs, weight_grad)
 
 
 class _OnLocalShards(torch.autograd.Function):
@@ -95,13 +101,13 @@ class _OnLocalShards(torch.autograd.Function):
     with this op's context (its ``needs_input_grad`` are x's and weight's too)."""
 
     @staticmethod
-    def forward(ctx, x, weight, fn, config, dtype, specs):
+    def forward(ctx, x, weight, fn, config, dtype, specs, weight_grad):
         x_local, w_local = x._local_tensor, weight._local_tensor
         if dtype is not None:
             x_local, w_local = x_local.to(dtype), w_local.to(dtype)
         ctx.fn, ctx.specs, ctx.dtypes = fn, specs, (x.dtype, weight.dtype)
         with torch.autocast(x_local.device.type, enabled=False):
-            y = fn.forward(ctx, x_local, w_local, config)
+            y = fn.forward(ctx, x_local, w_local, config, weight_grad)
         # A spec per DTensor, as DTensor makes them: specs are not shared between tensors.
         return DTensor(y, copy.copy(specs[0]), requires_grad=False)
 
@@ -112,7 +118,7 @@ class _OnLocalShards(torch.autograd.Function):
         if tuple(grad.placements) != want:
             grad = grad.redistribute(grad.device_mesh, want)
         with torch.autocast(grad.device.type, enabled=False):
-            grad_x, grad_w, _ = ctx.fn.backward(ctx, grad._local_tensor)
+            grad_x, grad_w, *_ = ctx.fn.backward(ctx, grad._local_tensor)
         x_dtype, w_dtype = ctx.dtypes
         if grad_x is not None:
             grad_x = DTensor(grad_x.to(x_dtype).contiguous(), copy.copy(gx_spec),
@@ -120,10 +126,10 @@ class _OnLocalShards(torch.autograd.Function):
         if grad_w is not None:
             grad_w = DTensor(grad_w.to(w_dtype).contiguous(), copy.copy(gw_spec),
                              requires_grad=False)  # fmt: skip
-        return grad_x, grad_w, None, None, None, None
+        return grad_x, grad_w, None, None, None, None, None
 
 
-def _traceable(fn, x, weight, config, layout: LinearLayout, dtype, shape) -> DTensor:
+def _traceable(fn, x, weight, config, layout: LinearLayout, dtype, shape, weight_grad) -> DTensor:
     """The same with ``to_local`` / ``from_local``, for torch.compile to trace."""
     mesh = x.device_mesh
     x = x.to_local(grad_placements=layout.grad_input)
@@ -131,7 +137,7 @@ def _traceable(fn, x, weight, config, layout: LinearLayout, dtype, shape) -> DTe
     if dtype is not None:
         x, weight = x.to(dtype), weight.to(dtype)
     with torch.autocast(x.device.type, enabled=False):
-        y = fn.apply(x, weight, config)
+        y = fn.apply(x, weight, config, weight_grad)
     kwargs = {"run_check": False, "shape": torch.Size(shape), "stride": _contiguous(shape)}
     if _FROM_LOCAL_GRAD:
         grad = _summed(layout.output)
