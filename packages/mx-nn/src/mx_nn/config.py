@@ -26,12 +26,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import torch
+
 from mx_core import get_format, get_scale_mode
 from mx_kernels.backend import BACKENDS, MATMUL_BACKENDS
 
 __all__ = ["COMPUTE_PATHS", "MXLinearConfig", "MXRecipe"]
 
 COMPUTE_PATHS: tuple[str, ...] = ("auto", "mx", "fake_quant")
+_MODE_NAMES: dict = {}  # scale_mode as given (validated) -> canonical name
 """Values of :attr:`MXLinearConfig.compute_path` (see the module doc)."""
 
 
@@ -118,7 +121,13 @@ class MXLinearConfig:
     @property
     def scale_mode_name(self) -> str:
         """The scale mode as its canonical lower-case name."""
-        return get_scale_mode(self.scale_mode).value
+        if torch.compiler.is_compiling():
+            return get_scale_mode(self.scale_mode).value
+        # Asked several times per layer call: a dict lookup instead of an enum's lookup.
+        name = _MODE_NAMES.get(self.scale_mode)
+        if name is None:
+            name = _MODE_NAMES[self.scale_mode] = get_scale_mode(self.scale_mode).value
+        return name
 
     @property
     def needs_colwise_input(self) -> bool:

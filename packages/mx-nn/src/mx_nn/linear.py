@@ -80,12 +80,26 @@ _LOCAL_SHARDS = True
 
 def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     """``fn`` (an mx_kernels cast or fake-quantize) with the config's block, mode, backend."""
-    return fn(x, fmt, block_size=c.block_size, scale_mode=c.scale_mode_name, backend=c.cast_backend)
+    return fn(x, fmt, **_cast_kwargs(c))
 
 
 def _cast_kwargs(c: MXLinearConfig) -> dict:
-    return {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
-            "backend": c.cast_backend}  # fmt: skip
+    """The casts' keyword arguments of config ``c``; made once per config object in
+    eager code (callers only unpack it), since a layer call asks for them several times."""
+    if torch.compiler.is_compiling():
+        return {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
+                "backend": c.cast_backend}  # fmt: skip
+    hit = _KWARGS.get(id(c))
+    if hit is None or hit[0] is not c:  # the config kept in the entry: ids can be reused
+        if len(_KWARGS) >= 4096:
+            _KWARGS.clear()
+        kwargs = {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
+                  "backend": c.cast_backend}  # fmt: skip
+        hit = _KWARGS[id(c)] = (c, kwargs)
+    return hit[1]
+
+
+_KWARGS: dict[int, tuple[MXLinearConfig, dict]] = {}
 
 
 def _cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig):
@@ -283,22 +297,27 @@ def _fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype
     dynamo cannot rebuild a frozen dataclass to call such a function ("can't reconstruct
     arbitrary frozen dataclass instances").
     """
-    fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
     if torch.compiler.is_compiling():
+        fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
         return _fake_quant_path_of(device.type, device.index, fields, dtype)
     # Eager: asked on every call, and resolving three GEMM backends costs tens of us of
-    # host time; the answer depends on these and on the GEMM design's variable only.
-    key = (device.type, device.index, fields, dtype, os.environ.get(_DESIGN_ENV))
+    # host time; the answer depends on the config (keyed by the object: it is frozen, and
+    # the entry keeps it, so its id is not reused), the device, the dtype and the GEMM
+    # design's variable only.
+    key = (id(c), device.type, device.index, dtype, os.environ.get(_DESIGN_ENV))
     hit = _PATHS.get(key)
-    if hit is None:
-        hit = _PATHS[key] = _decide(device.type, device.index, fields, dtype)
-    _log_path(hit[1])
-    return hit[0]
+    if hit is None or hit[0] is not c:
+        if len(_PATHS) >= 4096:
+            _PATHS.clear()
+        fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
+        hit = _PATHS[key] = (c, *_decide(device.type, device.index, fields, dtype))
+    _log_path(hit[2])
+    return hit[1]
 
 
 _CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
                   "hp_weight_grad", "save_mx_activations", "compute_path")  # fmt: skip
-_PATHS: dict[tuple, tuple[bool, tuple[str, str, str]]] = {}
+_PATHS: dict[tuple, tuple[MXLinearConfig, bool, tuple[str, str, str]]] = {}
 
 
 @torch.compiler.assume_constant_result
