@@ -26,8 +26,10 @@ def _run_block(
 ) -> tuple[list, dict]:
     """The parallelized block's output, input grad and (placements, local grad) of every
     parameter; and how many mx ops DTensor's dispatcher saw. ``form``: "eager" (the
-    eager op), "traced" (the form torch.compile traces, run eagerly) or "traced 2.11"
-    (the same, as on torch 2.11, whose ``from_local`` takes no ``grad_placements``);
+    eager op), "eager DTensor()" (the same, its DTensors made as a torch without
+    ``Tensor._dtensor__new__`` makes them), "traced" (the form torch.compile traces, run
+    eagerly) or "traced 2.11" (the same, as on torch 2.11, whose ``from_local`` takes no
+    ``grad_placements``);
     ``autocast``: under bf16 autocast (fp32 parameters)."""
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -52,16 +54,17 @@ def _run_block(
             return func(*args, **(kwargs or {}))
 
     ls = mx_nn.local_shards
-    saved = mx_nn.linear._LOCAL_SHARDS, ls._EAGER_OP, ls._FROM_LOCAL_GRAD
+    saved = mx_nn.linear._LOCAL_SHARDS, ls._EAGER_OP, ls._FROM_LOCAL_GRAD, ls._FAST_NEW
     mx_nn.linear._LOCAL_SHARDS = local
-    ls._EAGER_OP = form == "eager"
+    ls._EAGER_OP = form.startswith("eager")
     ls._FROM_LOCAL_GRAD = form != "traced 2.11" and saved[2]
+    ls._FAST_NEW = form != "eager DTensor()" and saved[3]
     try:
         with Count(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             y = block(x_loc)
             y.backward(grad[:, sl].contiguous())
     finally:
-        mx_nn.linear._LOCAL_SHARDS, ls._EAGER_OP, ls._FROM_LOCAL_GRAD = saved
+        mx_nn.linear._LOCAL_SHARDS, ls._EAGER_OP, ls._FROM_LOCAL_GRAD, ls._FAST_NEW = saved
     params = [(n, p.grad.placements, p.grad.to_local()) for n, p in block.named_parameters()]
     return [y.detach(), x_loc.grad, *params], seen
 
@@ -95,7 +98,7 @@ def _worker(rank: int, world: int) -> dict:
         for path in PATHS:
             cfg = _config(recipe, path)
             reference = _run_block(mesh, cfg, False)
-            for form in ("eager", "traced", "traced 2.11"):
+            for form in ("eager", "eager DTensor()", "traced", "traced 2.11"):
                 out["runs"][recipe, path, form] = (_run_block(mesh, cfg, True, form), reference)
     cfg = _config("mxfp8", "fake_quant")
     reference = _run_block(mesh, cfg, False, autocast=True)

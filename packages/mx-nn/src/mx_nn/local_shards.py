@@ -8,16 +8,16 @@ bit and the same gradient placements (``tests/test_local_shards.py``), without D
 per-op host cost (BENCHMARKS.md, 2026-12-04 'DTensor path: local shards').
 
 Eager, :class:`_OnLocalShards` takes the DTensors in and gives a DTensor out, building
-the output and gradient DTensors from specs made once per layout: ``to_local`` /
-``from_local`` cost more host time than DTensor's dispatch of a cheap op. Under
+the output and gradient DTensors from specs made once per layout:
+``to_local`` / ``from_local`` cost more host time than DTensor's dispatch of a cheap op. Under
 torch.compile the same is written with ``to_local`` / ``from_local``, which the compiler
 traces (and then costs nothing at run time).
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
+from typing import NamedTuple
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate
@@ -73,27 +73,39 @@ def on_local_shards(
     """``fn.apply(x_local, weight_local, config, weight_grad)`` (an MXLinear autograd
     function) as one op from DTensors to a DTensor placed as ``layout`` says. ``dtype``:
     the autocast dtype both operands are cast to first (as F.linear would), or None."""
-    shape = (*x.shape[:-1], weight.shape[0])
     if not _EAGER_OP or torch.compiler.is_compiling():
+        shape = (*x.shape[:-1], weight.shape[0])
         return _traceable(fn, x, weight, config, layout, dtype, shape, weight_grad)
     out_dtype = dtype or x.dtype
     key = (layout, x.device_mesh, x.shape, weight.shape, x.dtype, weight.dtype, out_dtype)
     specs = _SPECS.get(key)
     if specs is None:
-        mesh = x.device_mesh
-        specs = (
-            DTensorSpec(mesh, layout.output, TensorMeta(torch.Size(shape), _contiguous(shape),
-                                                        out_dtype)),
-            DTensorSpec(mesh, layout.grad_input, TensorMeta(x.shape, _contiguous(x.shape),
-                                                            x.dtype)),
-            DTensorSpec(mesh, layout.grad_weight, TensorMeta(weight.shape,
-                                                             _contiguous(weight.shape),
-                                                             weight.dtype)),
-        )  # fmt: skip
         if len(_SPECS) >= 4096:
             _SPECS.clear()
-        _SPECS[key] = specs
+        specs = _SPECS[key] = _specs(x, weight, layout, out_dtype)
     return _OnLocalShards.apply(x, weight, fn, config, dtype, specs, weight_grad)
+
+
+class _Specs(NamedTuple):
+    """The specs of the output and the gradients, shared by every tensor made from them."""
+
+    output: DTensorSpec
+    grad_input: DTensorSpec
+    grad_weight: DTensorSpec
+    grad_output: tuple  # the placements backward takes the output's gradient in
+
+
+def _specs(x: DTensor, weight: DTensor, layout: LinearLayout, out_dtype) -> _Specs:
+    mesh, shape = x.device_mesh, torch.Size((*x.shape[:-1], weight.shape[0]))
+    return _Specs(
+        DTensorSpec(mesh, layout.output, TensorMeta(shape, _contiguous(shape), out_dtype)),
+        DTensorSpec(mesh, layout.grad_input, TensorMeta(x.shape, _contiguous(x.shape),
+                                                        x.dtype)),
+        DTensorSpec(mesh, layout.grad_weight, TensorMeta(weight.shape,
+                                                         _contiguous(weight.shape),
+                                                         weight.dtype)),
+        _summed(layout.output),
+    )  # fmt: skip
 
 
 class _OnLocalShards(torch.autograd.Function):
@@ -106,27 +118,47 @@ class _OnLocalShards(torch.autograd.Function):
         if dtype is not None:
             x_local, w_local = x_local.to(dtype), w_local.to(dtype)
         ctx.fn, ctx.specs, ctx.dtypes = fn, specs, (x.dtype, weight.dtype)
-        with torch.autocast(x_local.device.type, enabled=False):
+        device = x_local.device.type
+        if torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                y = fn.forward(ctx, x_local, w_local, config, weight_grad)
+        else:  # entering autocast(enabled=False) would change nothing, at a few us
             y = fn.forward(ctx, x_local, w_local, config, weight_grad)
-        # A spec per DTensor, as DTensor makes them: specs are not shared between tensors.
-        return DTensor(y, copy.copy(specs[0]), requires_grad=False)
+        return _dtensor(y, specs.output)
 
     @staticmethod
     def backward(ctx, grad):
-        out_spec, gx_spec, gw_spec = ctx.specs
-        want = _summed(out_spec.placements)
-        if tuple(grad.placements) != want:
-            grad = grad.redistribute(grad.device_mesh, want)
-        with torch.autocast(grad.device.type, enabled=False):
-            grad_x, grad_w, *_ = ctx.fn.backward(ctx, grad._local_tensor)
+        specs = ctx.specs
+        if tuple(grad.placements) != specs.grad_output:
+            grad = grad.redistribute(grad.device_mesh, specs.grad_output)
+        local, device = grad._local_tensor, grad.device.type
+        if torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                grad_x, grad_w, *_ = ctx.fn.backward(ctx, local)
+        else:
+            grad_x, grad_w, *_ = ctx.fn.backward(ctx, local)
         x_dtype, w_dtype = ctx.dtypes
         if grad_x is not None:
-            grad_x = DTensor(grad_x.to(x_dtype).contiguous(), copy.copy(gx_spec),
-                             requires_grad=False)  # fmt: skip
+            grad_x = _dtensor(grad_x.to(x_dtype).contiguous(), specs.grad_input)
         if grad_w is not None:
-            grad_w = DTensor(grad_w.to(w_dtype).contiguous(), copy.copy(gw_spec),
-                             requires_grad=False)  # fmt: skip
+            grad_w = _dtensor(grad_w.to(w_dtype).contiguous(), specs.grad_weight)
         return grad_x, grad_w, None, None, None, None, None
+
+
+# DTensor's constructor as its __new__ alone: DTensor.__init__ only marks the constructor
+# for torch.export, through wrappers that cost more host time than making the tensor.
+# Where __new__ is not this C++ constructor (older torch), DTensor(...) is called.
+_NEW = getattr(torch.Tensor, "_dtensor__new__", None)
+_FAST_NEW = _NEW is not None and DTensor.__new__ is _NEW
+
+
+def _dtensor(local: torch.Tensor, spec: DTensorSpec) -> DTensor:
+    """``DTensor(local, spec, requires_grad=False)``. The spec is shared by every tensor
+    made from one layout, as DTensor's dispatch shares an op's cached output spec between
+    its results: DTensor's sharding cache then finds it by identity, not by comparing."""
+    if _FAST_NEW and not torch.compiler.is_exporting():
+        return _NEW(DTensor, local, spec, requires_grad=False)
+    return DTensor(local, spec, requires_grad=False)
 
 
 def _traceable(fn, x, weight, config, layout: LinearLayout, dtype, shape, weight_grad) -> DTensor:
