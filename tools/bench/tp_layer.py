@@ -58,6 +58,15 @@ class Linears(nn.Module):
         return [layer(x) for layer, x in zip(self.layers, inputs, strict=True)]
 
 
+def models(tp: int, recipe: str) -> tuple[Linears, Linears]:
+    """The bf16 linears and an MX copy of them (same weights) converted to ``recipe``."""
+    torch.manual_seed(0)
+    bf16, mx = Linears(tp), Linears(tp)
+    mx.load_state_dict(bf16.state_dict())
+    mx_nn.convert(mx, recipe)
+    return bf16, mx
+
+
 def inputs(tp: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The inputs of q/k/v, o, gate/up and down (requiring grad), and each output's grad."""
     widths = [HIDDEN, HIDDEN // tp, HIDDEN, FFN // tp]
@@ -76,11 +85,7 @@ def step_fn(model, xs, grads):
 
 
 def run_tp(tp: int, recipe: str, steps: int, modes: tuple[str, ...]) -> dict[str, float]:
-    torch.manual_seed(0)
-    bf16 = Linears(tp)
-    mx = Linears(tp)
-    mx.load_state_dict(bf16.state_dict())
-    mx_nn.convert(mx, recipe)
+    bf16, mx = models(tp, recipe)
     xs, grads = inputs(tp)
     out = {}
     for mode in modes:

@@ -22,9 +22,7 @@ import time
 import torch
 from report import publish, wall_per_call
 from torch.profiler import ProfilerActivity, profile
-from tp_layer import TOKENS, Linears, inputs, step_fn
-
-import mx_nn
+from tp_layer import TOKENS, inputs, models, step_fn
 
 
 def gpu_kernels(step, steps: int) -> tuple[float, dict[str, tuple[int, float]]]:
@@ -67,10 +65,7 @@ def main() -> int:
     a = p.parse_args()
     out = []
     for tp in (int(t) for t in a.tp.split(",")):
-        torch.manual_seed(0)
-        bf16, mx = Linears(tp), Linears(tp)
-        mx.load_state_dict(bf16.state_dict())
-        mx_nn.convert(mx, a.recipe)
+        bf16, mx = models(tp, a.recipe)
         xs, grads = inputs(tp)
         summary = [
             "| run | wall ms/step | host ms/step | GPU busy ms/step | GPU idle | kernels/step |",
