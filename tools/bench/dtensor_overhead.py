@@ -20,7 +20,9 @@ A one-rank CUDA mesh (NCCL, world size 1). Two parts:
    plain one too. Target: DTensor / plain <= 1.03. MXLinear runs DTensors as one op on
    their local shards (mx_nn.placements); the "dispatch" column times the same layer
    with every mx op dispatched through DTensor and the sharding rules instead (context:
-   what the local path saves), eager only.
+   what the local path saves), eager only. The control: bf16 nn.Linear on the same
+   plain tensors and DTensors, its DTensor / plain ratio in the same run (what DTensor
+   costs around a layer that has no mx ops at all).
 
 Usage: python tools/bench/dtensor_overhead.py [--quick] [--compile] [--recipe mxfp8]
        [--skip-block]
@@ -133,12 +135,16 @@ def check_block(mesh, recipe: str, compiled: bool) -> list[str]:
     return failures
 
 
-def layer_pair(mesh, style: str, m: int, k: int, n: int, recipe: str):
-    """(plain MXLinear, its input), (the DTensor MXLinear, its input), grad, DTensor grad."""
-    config = mx_nn.MXLinearConfig.from_recipe(recipe)
+def layer_pair(mesh, style: str, m: int, k: int, n: int, recipe: str | None):
+    """(plain MXLinear, its input), (the DTensor MXLinear, its input), grad, DTensor grad;
+    ``recipe`` None: nn.Linear (the control)."""
     lin = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
-    plain = mx_nn.MXLinear.from_linear(lin, config)
-    dt = mx_nn.MXLinear.from_linear(copy.deepcopy(lin), config)
+    if recipe is None:
+        plain, dt = lin, copy.deepcopy(lin)
+    else:
+        config = mx_nn.MXLinearConfig.from_recipe(recipe)
+        plain = mx_nn.MXLinear.from_linear(lin, config)
+        dt = mx_nn.MXLinear.from_linear(copy.deepcopy(lin), config)
     w_place, x_place = (
         ([Shard(0)], [Replicate()]) if style == "colwise" else ([Shard(1)], [Shard(1)])
     )
@@ -200,17 +206,22 @@ def main(argv=None) -> int:
         rows = []
         for name, style, m, k, n in shapes(args.quick):
             (plain, x), (dt, x_dt), grad, grad_dt = layer_pair(mesh, style, m, k, n, args.recipe)
+            (c_plain, c_x), (c_dt, c_x_dt), _, _ = layer_pair(mesh, style, m, k, n, None)
             equal = layer_results_equal(plain, x, dt, x_dt, grad, grad_dt)
             ok &= equal
-            modes = [("eager", plain, dt)]
+            modes = [("eager", plain, dt, c_plain, c_dt)]
             if args.compile:
-                modes.append(("compiled", torch.compile(plain), torch.compile(dt)))
+                compiled = (torch.compile(mod) for mod in (plain, dt, c_plain, c_dt))
+                modes.append(("compiled", *compiled))
             torch._dynamo.reset()  # fresh compile caches per shape: no recompile limit
-            for mode, a, b in modes:
-                t_dispatch = float("nan")
+            for mode, a, b, ca, cb in modes:
+                t_dispatch = control = float("nan")
                 try:
                     t_plain = time_step(a, x, grad, [plain.weight])
                     t_dt = time_step(b, x_dt, grad_dt, [dt.weight])
+                    control = time_step(cb, c_x_dt, grad_dt, [c_dt.weight]) / time_step(
+                        ca, c_x, grad, [c_plain.weight]
+                    )
                     if mode == "eager":
                         mx_linear._LOCAL_SHARDS = False
                         try:
@@ -223,21 +234,21 @@ def main(argv=None) -> int:
                     t_plain = t_dt = float("nan")
                 ratio = t_dt / t_plain
                 ok &= ratio <= TARGET
-                rows.append(
-                    (name, style, f"{m}x{k}x{n}", mode, t_plain, t_dt, ratio, equal, t_dispatch)
-                )
+                rows.append((name, style, f"{m}x{k}x{n}", mode, t_plain, t_dt, ratio, equal,
+                             t_dispatch, control))  # fmt: skip
     finally:
         dist.destroy_process_group()
     lines = [
         "| layer | style | M x K x N | mode | plain ms | DTensor ms | DTensor / plain |"
-        f" <= {TARGET} | output bit-equal | dispatch ms (context) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f" <= {TARGET} | output bit-equal | dispatch ms (context) |"
+        " nn.Linear DTensor / plain (control) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, style, shape, mode, t_plain, t_dt, ratio, equal, t_dispatch in rows:
+    for name, style, shape, mode, t_plain, t_dt, ratio, equal, t_dispatch, control in rows:
         lines.append(
             f"| {name} | {style} | {shape} | {mode} | {t_plain:.3f} | {t_dt:.3f} | "
             f"{ratio:.3f} | {'yes' if ratio <= TARGET else 'NO'} | {'yes' if equal else 'NO'} "
-            f"| {t_dispatch:.3f} |"
+            f"| {t_dispatch:.3f} | {control:.3f} |"
         )
     publish("\n".join(lines), "dtensor_overhead.md")
     return 0 if ok else 1
