@@ -12,8 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from mx_nn import MXLinear, MXLinearConfig
-from mx_nn import linear as linear_mod
+from mx_nn import MXLinear, MXLinearConfig, compute_path
 
 FUSED = MXLinearConfig(gemm_backend="triton", cast_backend="triton")
 RTOL = 1e-5  # fp32 outputs of exact products: the paths differ only in summation order
@@ -42,7 +41,7 @@ def _modules(config, k=128, n=96):
 @pytest.mark.parametrize("hp_wgrad", [False, True])
 @pytest.mark.parametrize("x_shape", [(64, 128), (2, 25, 128)], ids=str)  # 50 rows: padded
 def test_matches_the_mx_path(x_shape, hp_wgrad, monkeypatch, caplog):
-    monkeypatch.setattr(linear_mod, "_LOGGED", set())
+    monkeypatch.setattr(compute_path, "_LOGGED", set())
     monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
     fused, emulated = _modules(dataclasses.replace(FUSED, hp_weight_grad=hp_wgrad))
     x, grad = torch.randn(x_shape), torch.randn(*x_shape[:-1], 96)
@@ -52,31 +51,6 @@ def test_matches_the_mx_path(x_shape, hp_wgrad, monkeypatch, caplog):
     want = _run(emulated, x, grad)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and _rel(g, w) <= RTOL
-
-
-@pytest.mark.parametrize(
-    "case",
-    ["fp16 input", "save_mx_activations", "design fp8_mma", "fp6 weights"],
-)
-def test_mx_path_where_fusion_does_not_apply(case, monkeypatch):
-    monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
-    config, dtype = FUSED, torch.float32
-    if case == "fp16 input":
-        dtype = torch.float16
-    elif case == "save_mx_activations":
-        config = dataclasses.replace(FUSED, save_mx_activations=True)
-    elif case == "design fp8_mma":
-        monkeypatch.setenv("MX_KERNELS_MM_DESIGN", "fp8_mma")
-    else:
-        config = dataclasses.replace(FUSED, weight_fmt="fp6_e2m3")
-    assert not linear_mod._fake_quant_path(torch.device("cpu"), config, dtype)
-    assert linear_mod._fake_quant_path(torch.device("cpu"), FUSED, torch.float32) == (
-        case != "design fp8_mma"
-    )
-
-
-def test_auto_on_cpu_keeps_the_emulated_mx_path():
-    assert not linear_mod._fake_quant_path(torch.device("cpu"), MXLinearConfig(), torch.float32)
 
 
 def test_compiled_fused_path_matches_eager(monkeypatch):

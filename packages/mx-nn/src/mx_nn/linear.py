@@ -42,14 +42,13 @@ GEMMs on the results: the same values and accumulation, fewer passes over memory
 for fp16 inputs or when the MX casts are saved (``save_mx_activations``). That path casts
 X both ways in forward (one read) and saves the columnwise values instead of X.
 ``MXLinearConfig.compute_path`` forces either path ("mx" or "fake_quant", on any
-device); "auto" decides as above. Which path runs is logged once per device.
+device); "auto" decides as above (:mod:`mx_nn.compute_path`, which logs the choice once
+per device).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -60,9 +59,10 @@ import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 import mx_kernels
 import mx_nn.gathered_cast  # noqa: F401  (MX gathers hand their cast to these layers)
 from mx_core import MXTensor, get_format
-from mx_kernels.matmul import _DESIGN_ENV, bf16_gemm, bf16_gemm_design
+from mx_kernels.matmul import bf16_gemm
 from mx_nn import fsdp_gathered
 from mx_nn.cast_cache import cast_shared, peek_cast
+from mx_nn.compute_path import GEMM_BLOCK, cast_kwargs, fake_quant_path
 from mx_nn.config import MXLinearConfig
 from mx_nn.local_shards import on_local_shards, reduced
 from mx_nn.placements import linear_layout
@@ -70,8 +70,7 @@ from mx_nn.placements import linear_layout
 __all__ = ["MXLinear"]
 
 logger = logging.getLogger("mx_nn")
-_GEMM_BLOCK = 32
-_LOGGED: set[tuple[str, str]] = set()
+_LOGGED: set[tuple[str, str]] = set()  # (why, device) of the emulated GEMMs logged
 # DTensor inputs run as one op on their local shards (mx_nn.local_shards); False
 # dispatches every mx op through DTensor and its sharding rules instead (tests compare
 # the two, bit for bit).
@@ -80,26 +79,7 @@ _LOCAL_SHARDS = True
 
 def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     """``fn`` (an mx_kernels cast or fake-quantize) with the config's block, mode, backend."""
-    return fn(x, fmt, **_cast_kwargs(c))
-
-
-def _cast_kwargs(c: MXLinearConfig) -> dict:
-    """The casts' keyword arguments of config ``c``; made once per config object in
-    eager code (callers only unpack it), since a layer call asks for them several times."""
-    if torch.compiler.is_compiling():
-        return {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
-                "backend": c.cast_backend}  # fmt: skip
-    hit = _KWARGS.get(id(c))
-    if hit is None or hit[0] is not c:  # the config kept in the entry: ids can be reused
-        if len(_KWARGS) >= 4096:
-            _KWARGS.clear()
-        kwargs = {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
-                  "backend": c.cast_backend}  # fmt: skip
-        hit = _KWARGS[id(c)] = (c, kwargs)
-    return hit[1]
-
-
-_KWARGS: dict[int, tuple[MXLinearConfig, dict]] = {}
+    return fn(x, fmt, **cast_kwargs(c))
 
 
 def _cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig):
@@ -109,13 +89,13 @@ def _cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig):
     if not (c.reuse_weight_casts and isinstance(weight, nn.Parameter)):
         return _cast(fn, weight, fmt, c)
     site = f"weight {id(weight)}"  # one entry per weight; it holds the weight alive
-    return cast_shared(site, fn, weight, fmt, **_cast_kwargs(c))
+    return cast_shared(site, fn, weight, fmt, **cast_kwargs(c))
 
 
 def _cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     """:func:`_cast` of the layer's input, shared with the other layers that read the
     same tensor (q/k/v, gate/up; :mod:`mx_nn.cast_cache`)."""
-    return cast_shared(fn.__name__, fn, x, fmt, **_cast_kwargs(c))
+    return cast_shared(fn.__name__, fn, x, fmt, **cast_kwargs(c))
 
 
 def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -139,7 +119,7 @@ def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
 def _gemm(a, a_fmt: str, b, b_fmt: str, out_dtype: torch.dtype, c: MXLinearConfig):
     """``a @ b^T`` of two rowwise casts ``(qdata, scale)``, K-major both."""
     fp6 = [f for f in (a_fmt, b_fmt) if get_format(f).bits == 6]
-    if not fp6 and c.block_size == _GEMM_BLOCK:
+    if not fp6 and c.block_size == GEMM_BLOCK:
         return mx_kernels.scaled_mm(*a, *b, out_dtype=out_dtype, backend=c.gemm_backend)
     why = f"{fp6[0]} has no MX GEMM" if fp6 else f"block_size={c.block_size} != 32"
     if (why, str(a[0].device)) not in _LOGGED:
@@ -279,80 +259,13 @@ def _fake_quantized_input(
     alive too (attention's output, which SDPA saves, as o_proj's input)."""
     rowwise, fmt = mx_kernels.fake_quantize_rowwise, c.input_fmt
     if colwise:
-        handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **_cast_kwargs(c))
+        handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
         if handed is None:
             x_pad = _pad_rows(x2, c.block_size)  # colwise blocks run along M
             row, col = _cast_input(mx_kernels.fake_quantize_both, x_pad, fmt, c)
             return row[: x2.shape[0]], col
         return handed, None
     return _cast_input(rowwise, x2, fmt, c), None
-
-
-def _fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype) -> bool:
-    """Whether to run :class:`_FakeQuantLinearFunction`: every GEMM would be scaled_mm's
-    dequant_bf16 design, fp16 is not involved (fake-quantized fp16 values can leave
-    fp16's range where the MX path's bf16 ones do not), and no MX cast is kept.
-
-    A constant to torch.compile. Its arguments reach it as plain values: torch 2.11's
-    dynamo cannot rebuild a frozen dataclass to call such a function ("can't reconstruct
-    arbitrary frozen dataclass instances").
-    """
-    if torch.compiler.is_compiling():
-        fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
-        return _fake_quant_path_of(device.type, device.index, fields, dtype)
-    # Eager: asked on every call, and resolving three GEMM backends costs tens of us of
-    # host time; the answer depends on the config (keyed by the object: it is frozen, and
-    # the entry keeps it, so its id is not reused), the device, the dtype and the GEMM
-    # design's variable only.
-    key = (id(c), device.type, device.index, dtype, os.environ.get(_DESIGN_ENV))
-    hit = _PATHS.get(key)
-    if hit is None or hit[0] is not c:
-        if len(_PATHS) >= 4096:
-            _PATHS.clear()
-        fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
-        hit = _PATHS[key] = (c, *_decide(device.type, device.index, fields, dtype))
-    _log_path(hit[2])
-    return hit[1]
-
-
-_CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
-                  "hp_weight_grad", "save_mx_activations", "compute_path")  # fmt: skip
-_PATHS: dict[tuple, tuple[MXLinearConfig, bool, tuple[str, str, str]]] = {}
-
-
-@torch.compiler.assume_constant_result
-def _fake_quant_path_of(
-    device_type: str, device_index: int | None, fields: tuple, dtype: torch.dtype
-) -> bool:
-    fused, log_key = _decide(device_type, device_index, fields, dtype)
-    _log_path(log_key)
-    return fused
-
-
-def _decide(
-    device_type: str, device_index: int | None, fields: tuple, dtype: torch.dtype
-) -> tuple[bool, tuple[str, str, str]]:
-    """(whether to run the fused path, what to log of it)."""
-    c = SimpleNamespace(**dict(zip(_CONFIG_FIELDS, fields, strict=True)))
-    device = torch.device(device_type, device_index)
-    if c.compute_path != "auto":
-        fused, why = c.compute_path == "fake_quant", f" (compute_path={c.compute_path!r})"
-    elif c.save_mx_activations or c.block_size != _GEMM_BLOCK or dtype == torch.float16:
-        fused, why = False, ""
-    else:
-        pairs = [(c.input_fmt, c.weight_fmt), (c.grad_output_fmt, c.weight_fmt)]
-        if not c.hp_weight_grad:
-            pairs.append((c.grad_output_fmt, c.input_fmt))
-        fused = all(bf16_gemm_design(device, a, b, backend=c.gemm_backend) for a, b in pairs)
-        why = ""
-    path = "fake-quantized casts + bf16 GEMMs" if fused else "MX casts + scaled_mm"
-    return fused, (path, str(device), why)
-
-
-def _log_path(key: tuple[str, str, str]) -> None:
-    if key not in _LOGGED:  # once per path and device
-        _LOGGED.add(key)
-        logger.info("mx_nn.MXLinear: %s on %s%s", *key)
 
 
 class MXLinear(nn.Linear):
@@ -436,7 +349,7 @@ class MXLinear(nn.Linear):
                 f"{self.layer_name}: compute_path='fake_quant' takes no fp16 input or weight "
                 "(fake-quantized values can leave fp16's range); use bf16/fp32 or 'mx'"
             )
-        fused = _fake_quant_path(device, c, x_dtype)
+        fused = fake_quant_path(device, c, x_dtype)
         return _FakeQuantLinearFunction if fused else _MXLinearFunction
 
     def extra_repr(self) -> str:

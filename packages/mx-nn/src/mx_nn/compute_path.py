@@ -1,0 +1,115 @@
+"""Which of MXLinear's two paths runs, and the casts' arguments of a config: both asked
+on every layer call, so eager code looks them up per config object (a frozen dataclass;
+each entry keeps its config, so the id it is keyed by is not reused) instead of
+deriving them again (BENCHMARKS.md, 2026-12-04 'Host cost: call plans').
+
+The fused path (fake-quantized casts + bf16 GEMMs) runs where ``scaled_mm`` would
+multiply bf16 dequantized operands anyway (its ``dequant_bf16`` design, sm90's choice;
+``mx_kernels.bf16_gemm_design``), no fp16 is involved and no MX cast is kept;
+``MXLinearConfig.compute_path`` forces either path. Which one runs is logged once per
+path and device.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+
+import torch
+
+from mx_kernels.matmul import _DESIGN_ENV, bf16_gemm_design
+from mx_nn.config import MXLinearConfig
+
+__all__ = ["cast_kwargs", "fake_quant_path"]
+
+logger = logging.getLogger("mx_nn")
+GEMM_BLOCK = 32  # the only block size of the MX GEMMs
+_LOGGED: set[tuple[str, str, str]] = set()
+
+
+def cast_kwargs(c: MXLinearConfig) -> dict:
+    """The casts' keyword arguments of config ``c``; made once per config object in
+    eager code (callers only unpack it), since a layer call asks for them several times."""
+    if torch.compiler.is_compiling():
+        return {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
+                "backend": c.cast_backend}  # fmt: skip
+    hit = _KWARGS.get(id(c))
+    if hit is None or hit[0] is not c:  # the config kept in the entry: ids can be reused
+        if len(_KWARGS) >= 4096:
+            _KWARGS.clear()
+        kwargs = {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
+                  "backend": c.cast_backend}  # fmt: skip
+        hit = _KWARGS[id(c)] = (c, kwargs)
+    return hit[1]
+
+
+_KWARGS: dict[int, tuple[MXLinearConfig, dict]] = {}
+
+
+def fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype) -> bool:
+    """Whether MXLinear runs its fused path on ``device`` for ``dtype`` inputs: every
+    GEMM would be scaled_mm's
+    dequant_bf16 design, fp16 is not involved (fake-quantized fp16 values can leave
+    fp16's range where the MX path's bf16 ones do not), and no MX cast is kept.
+
+    A constant to torch.compile. Its arguments reach it as plain values: torch 2.11's
+    dynamo cannot rebuild a frozen dataclass to call such a function ("can't reconstruct
+    arbitrary frozen dataclass instances").
+    """
+    if torch.compiler.is_compiling():
+        fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
+        return _fake_quant_path_of(device.type, device.index, fields, dtype)
+    # Eager: asked on every call, and resolving three GEMM backends costs tens of us of
+    # host time; the answer depends on the config (keyed by the object: it is frozen, and
+    # the entry keeps it, so its id is not reused), the device, the dtype and the GEMM
+    # design's variable only.
+    key = (id(c), device.type, device.index, dtype, os.environ.get(_DESIGN_ENV))
+    hit = _PATHS.get(key)
+    if hit is None or hit[0] is not c:
+        if len(_PATHS) >= 4096:
+            _PATHS.clear()
+        fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
+        hit = _PATHS[key] = (c, *_decide(device.type, device.index, fields, dtype))
+    _log_path(hit[2])
+    return hit[1]
+
+
+_CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
+                  "hp_weight_grad", "save_mx_activations", "compute_path")  # fmt: skip
+_PATHS: dict[tuple, tuple[MXLinearConfig, bool, tuple[str, str, str]]] = {}
+
+
+@torch.compiler.assume_constant_result
+def _fake_quant_path_of(
+    device_type: str, device_index: int | None, fields: tuple, dtype: torch.dtype
+) -> bool:
+    fused, log_key = _decide(device_type, device_index, fields, dtype)
+    _log_path(log_key)
+    return fused
+
+
+def _decide(
+    device_type: str, device_index: int | None, fields: tuple, dtype: torch.dtype
+) -> tuple[bool, tuple[str, str, str]]:
+    """(whether to run the fused path, what to log of it)."""
+    c = SimpleNamespace(**dict(zip(_CONFIG_FIELDS, fields, strict=True)))
+    device = torch.device(device_type, device_index)
+    if c.compute_path != "auto":
+        fused, why = c.compute_path == "fake_quant", f" (compute_path={c.compute_path!r})"
+    elif c.save_mx_activations or c.block_size != GEMM_BLOCK or dtype == torch.float16:
+        fused, why = False, ""
+    else:
+        pairs = [(c.input_fmt, c.weight_fmt), (c.grad_output_fmt, c.weight_fmt)]
+        if not c.hp_weight_grad:
+            pairs.append((c.grad_output_fmt, c.input_fmt))
+        fused = all(bf16_gemm_design(device, a, b, backend=c.gemm_backend) for a, b in pairs)
+        why = ""
+    path = "fake-quantized casts + bf16 GEMMs" if fused else "MX casts + scaled_mm"
+    return fused, (path, str(device), why)
+
+
+def _log_path(key: tuple[str, str, str]) -> None:
+    if key not in _LOGGED:  # once per path and device
+        _LOGGED.add(key)
+        logger.info("mx_nn.MXLinear: %s on %s%s", *key)
