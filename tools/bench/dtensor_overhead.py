@@ -87,9 +87,16 @@ def same(a, b) -> bool:
     return a.shape == b.shape and torch.equal(a, b)
 
 
-def block_differences(mesh, config, compiled: bool) -> list[str]:
+def rel_error(a, b) -> float:
+    a = a.full_tensor() if isinstance(a, DTensor) else a
+    b = b.full_tensor() if isinstance(b, DTensor) else b
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def block_differences(mesh, config, compiled: bool) -> dict[str, float]:
     """Results of the parallelized block (one rank) that are not bit-identical to the
-    same block on plain tensors. ``config`` None: the nn.Linear block (the control)."""
+    same block on plain tensors, with their relative errors (Frobenius norms). ``config``
+    None: the nn.Linear block (the control)."""
     tb = load_block_module()
     torch.manual_seed(0)
     block = tb.Block().to(device="cuda", dtype=torch.bfloat16)
@@ -111,7 +118,7 @@ def block_differences(mesh, config, compiled: bool) -> list[str]:
     (y0, g0), (y1, g1) = outs
     named = {"out": (y0, y1), "grad_input": (g0, g1)}
     named |= {name: (params[name].grad, p.grad) for name, p in tp_params.items()}
-    return [name for name, (a, b) in named.items() if not same(a, b)]
+    return {name: rel_error(b, a) for name, (a, b) in named.items() if not same(a, b)}
 
 
 def check_block(mesh, recipe: str, compiled: bool) -> list[str]:
@@ -120,19 +127,24 @@ def check_block(mesh, recipe: str, compiled: bool) -> list[str]:
     styles change the order in which autograd sums some gradients, even on one rank:
     the nn.Linear block's input and attention gradients can differ in the last bit.)"""
     mode = "compiled" if compiled else "eager"
-    control = set(block_differences(mesh, None, compiled))
-    print(f"block check, {mode}, nn.Linear control: differ {sorted(control) or 'nowhere'}")
+    control = block_differences(mesh, None, compiled)
+    print(f"block check, {mode}, nn.Linear control: differ {_errors(control)}")
     failures = []
     for path in ("auto", "mx"):
         config = mx_nn.MXLinearConfig.from_recipe(recipe, compute_path=path)
         bad = block_differences(mesh, config, compiled)
         extra = [name for name in bad if name not in control]
         print(
-            f"block check, {mode}, compute_path={path}: differ {bad or 'nowhere'}"
+            f"block check, {mode}, compute_path={path}: differ {_errors(bad)}"
             + (f"; NOT in the control: {extra}" if extra else "")
         )
         failures += [f"{mode} {path} {name}" for name in extra]
     return failures
+
+
+def _errors(differ: dict[str, float]) -> str:
+    """The differing results and their relative errors, or 'nowhere'."""
+    return ", ".join(f"{name} ({err:.1e})" for name, err in differ.items()) or "nowhere"
 
 
 def layer_pair(mesh, style: str, m: int, k: int, n: int, recipe: str | None):
