@@ -53,13 +53,9 @@ def test_shared_input_is_cast_once_per_orientation_with_the_same_results(path, m
         want = _step(layers, x)
     for layer in layers:
         layer.weight.grad = None
-    # The fused path casts x both ways in forward (one read); the MX path along K in
-    # forward and along M in backward. Either way once for the three layers.
-    once = (
-        {"fake_quantize_both": 1, "fake_quantize_rowwise": 0, "fake_quantize_colwise": 0}
-        if path == "fake_quant"
-        else {"quantize_rowwise": 1, "quantize_colwise": 1}
-    )
+    # Either path casts x both ways in forward (one read), once for the three layers.
+    prefix = "fake_" if path == "fake_quant" else ""
+    once = {f"{prefix}quantize_{way}": int(way == "both") for way in ("both", "rowwise", "colwise")}
     calls = _counting(monkeypatch, list(once), shape=(96, 128))
     clear_cast_cache()
     got = _step(layers, x)

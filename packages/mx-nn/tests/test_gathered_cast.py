@@ -47,7 +47,8 @@ def _worker(rank: int, world: int) -> dict:
     from mx_dtensor import MXColwiseParallel, PrepareMXModuleInput
 
     calls: list = []
-    for name in ("quantize_rowwise", "fake_quantize_rowwise", "fake_quantize_both"):
+    for name in ("quantize_rowwise", "quantize_both", "fake_quantize_rowwise",
+                 "fake_quantize_both"):  # fmt: skip
         setattr(mx_kernels, name, _counting(getattr(mx_kernels, name), calls))
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(0)
@@ -86,9 +87,9 @@ def _worker(rank: int, world: int) -> dict:
 
 def test_linears_take_the_gathered_cast():
     for r in spawn(_worker, 2):
-        # The fused path casts x both ways in forward, unless a gather handed it the
-        # rowwise cast (then x is cast along M in backward, as the MX path always does).
-        for path, site in (("mx", "quantize_rowwise"), ("fake_quant", "fake_quantize_both")):
+        # Either path casts x both ways in forward, unless a gather handed it the
+        # rowwise cast (then x is cast along M in backward).
+        for path, site in (("mx", "quantize_both"), ("fake_quant", "fake_quantize_both")):
             bf16, mx, other = (r[path, n] for n in ("bf16", "mx", "mx, another cast"))
             one_cast = [(site, "Tensor", (BATCH * SEQ, DIM))]
             assert bf16["linear casts"] == one_cast, path  # shared by q, k and v

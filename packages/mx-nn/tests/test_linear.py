@@ -76,6 +76,31 @@ def test_rows_not_multiple_of_block_size_and_non_contiguous_grad():
         assert sqnr_db(w, g) > 24
 
 
+def _saved(module, x) -> list[torch.Tensor]:
+    """The tensors autograd keeps from ``module(x)`` for backward."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x.detach().clone().requires_grad_())
+    return saved
+
+
+@pytest.mark.parametrize("hp_wgrad", [False, True])
+def test_mx_path_keeps_the_columnwise_cast_of_x_instead_of_x(hp_wgrad):
+    _, mx = _pair(k=64, n=96, bias=False, config=MXLinearConfig(hp_weight_grad=hp_wgrad))
+    x = torch.randn(40, 64)  # 40 rows: the columnwise cast pads them to 64
+    fp32 = [tuple(t.shape) for t in _saved(mx, x) if t.dtype == torch.float32]
+    one_byte = [tuple(t.shape) for t in _saved(mx, x) if t.element_size() == 1]
+    if hp_wgrad:  # dW in high precision needs X itself
+        assert (40, 64) in fp32 and (64, 64) not in one_byte
+    else:  # X cast along M (codes [K, M padded], scales) instead of X; W's along N
+        assert (40, 64) not in fp32 and sorted(one_byte) == [(64, 2), (64, 3), (64, 64), (64, 96)]
+
+
 def test_save_mx_activations_gives_identical_gradients():
     ref, plain = _pair(k=64, n=64)
     saving = MXLinear.from_linear(copy.deepcopy(ref), MXLinearConfig(save_mx_activations=True))

@@ -76,8 +76,10 @@ class MXLinearConfig:
     hp_weight_grad: bool = False
     """Compute dW = dY^T X in the high-precision dtype instead of MX."""
     save_mx_activations: bool = False
-    """Save X's columnwise MX cast for backward instead of X itself (about half the
-    activation memory of bf16). Needs the MX path (it keeps codes and scales)."""
+    """Keep X's columnwise MX cast (codes and scales, about half of X's bf16 bytes) for
+    backward in every case: runs the MX path where "auto" would run the fused one (which
+    keeps bf16 values), and also where an MX gather handed the forward its rowwise cast
+    (the MX path otherwise keeps X there, as the cast was not made)."""
     compute_path: str = "auto"
     """``"auto"``, ``"mx"`` or ``"fake_quant"`` (module doc). ``"fake_quant"`` runs the
     fused path on any device, CPU included (how CPU tests cover it); it takes no fp16

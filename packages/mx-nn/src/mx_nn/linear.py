@@ -4,11 +4,11 @@ Forward and backward (X [M, K] the input with leading dims folded into M, W [N, 
 dY [M, N]); the cast of a tensor needed in both orientations is one pass
 (``mx_kernels.quantize_both``):
 
-- forward: X rowwise (or both, when ``save_mx_activations``), W both;
+- forward: X both (rowwise only where backward computes no MX dW), W both;
   Y = scaled_mm(X, W) (blocks along K).
 - backward: dY both; dX = scaled_mm(dY, W^T) (blocks along N, W's columnwise cast saved
-  from forward); dW = scaled_mm(dY^T, X^T) (blocks along M; X columnwise, cast again from
-  the saved X unless its MX cast was saved) or dY^T X in high precision.
+  from forward); dW = scaled_mm(dY^T, X^T) (blocks along M; X's columnwise cast saved
+  from forward in place of X) or dY^T X in high precision.
 
 Layers that read the same input tensor (q/k/v, gate/up) share its casts: each cast of
 the input is made once and reused while the tensor is unchanged (:mod:`mx_nn.cast_cache`;
@@ -136,16 +136,7 @@ class _MXLinearFunction(torch.autograd.Function):
         ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig, weight_grad: bool
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        m = x2.shape[0]
-        if c.save_mx_activations and c.needs_colwise_input and weight_grad:
-            x_q, x_s, xt_q, xt_s = _cast_input(
-                mx_kernels.quantize_both, _pad_rows(x2, c.block_size), c.input_fmt, c
-            )
-            x_q, x_s = x_q[:m], x_s[:m]
-            saved_x = (xt_q, xt_s)
-        else:
-            x_q, x_s = _cast_input(mx_kernels.quantize_rowwise, x2, c.input_fmt, c)
-            saved_x = (x2,)
+        (x_q, x_s), saved_x = _mx_input(x2, c, c.needs_colwise_input and weight_grad)
         ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX
         if ctx.gathered_weight:  # its rowwise cast; backward's gather brings the colwise one
             (w_q, w_s), saved_w = fsdp_gathered.rowwise(weight, c), (weight,)
@@ -178,9 +169,9 @@ class _MXLinearFunction(torch.autograd.Function):
             )
             dy_q, dy_s = dy_q[:m], dy_s[:m]
             if ctx.needs_input_grad[1]:
-                if c.save_mx_activations:
+                if len(saved_x) == 2:  # X's columnwise cast, made in forward
                     xt_q, xt_s = saved_x
-                else:
+                else:  # an MX gather handed the forward its rowwise cast: X itself
                     (x2,) = saved_x
                     xt_q, xt_s = _cast_input(
                         mx_kernels.quantize_colwise, _pad_rows(x2, c.block_size), c.input_fmt, c
@@ -245,6 +236,30 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
             grad_x = bf16_gemm(dyf, wf_col, ctx.x_dtype)
             grad_x = grad_x.reshape(*grad_output.shape[:-1], wf_col.shape[1])
         return grad_x, grad_w, None, None
+
+
+def _mx_input(
+    x2: torch.Tensor, c: MXLinearConfig, colwise: bool
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """X [M, K] cast along K (codes, scales), and what backward keeps for dW: where
+    ``colwise`` (the MX dW GEMM will run), X's columnwise cast made from the same read
+    (``quantize_both``, shared by the layers reading X), about half of X's bytes in
+    bf16; else, or where an MX gather handed the rowwise cast over (unless
+    ``save_mx_activations``), X itself. Casting in forward also means the compiler
+    never recomputes X for the cast in backward: Inductor's recompute of an RMSNorm
+    output in backward was seen to differ from the forward's in the last bit."""
+    rowwise, fmt = mx_kernels.quantize_rowwise, c.input_fmt
+    if colwise:
+        handed = None
+        if not c.save_mx_activations:
+            handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
+        if handed is None:
+            both = mx_kernels.quantize_both
+            x_q, x_s, xt_q, xt_s = _cast_input(both, _pad_rows(x2, c.block_size), fmt, c)
+            m = x2.shape[0]
+            return (x_q[:m], x_s[:m]), (xt_q, xt_s)
+        return handed, (x2,)
+    return _cast_input(rowwise, x2, fmt, c), (x2,)
 
 
 def _fake_quantized_input(
