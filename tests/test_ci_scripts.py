@@ -100,8 +100,11 @@ def test_code_change_without_changelog_entry_is_flagged(repo):
     _commit(repo, "packages/mx-a/src/mx_a/__init__.py", '__version__ = "0.1.0"\nX = 1\n')
     (problem,) = versions.check("main", repo)
     assert problem.startswith("mx-a: 1 file(s) under packages/mx-a/src changed since main")
-    _commit(repo, "packages/mx-a/CHANGELOG.md",
-            "# Changelog\n\n## Unreleased\n\n- Add X.\n\n## 0.1.0\n\n- First.\n")
+    _commit(
+        repo,
+        "packages/mx-a/CHANGELOG.md",
+        "# Changelog\n\n## Unreleased\n\n- Add X.\n\n## 0.1.0\n\n- First.\n",
+    )
     assert versions.check("main", repo) == []
 
 
@@ -114,8 +117,11 @@ def test_a_version_bump_needs_its_heading_and_must_grow(repo):
         "new '- ' entry",
         "mx-a: version 0.2.0 has no '## 0.2.0' heading in packages/mx-a/CHANGELOG.md",
     ]
-    _commit(repo, "packages/mx-a/CHANGELOG.md",
-            "# Changelog\n\n## 0.2.0\n\n- Two.\n\n## 0.1.0\n\n- First.\n")
+    _commit(
+        repo,
+        "packages/mx-a/CHANGELOG.md",
+        "# Changelog\n\n## 0.2.0\n\n- Two.\n\n## 0.1.0\n\n- First.\n",
+    )
     assert versions.check("main", repo) == []
     _commit(repo, init, '__version__ = "0.0.9"\n')
     assert "mx-a: __version__ went 0.1.0 -> 0.0.9" in versions.check("main", repo)

@@ -24,8 +24,11 @@ def _tracked_text_files() -> list[pathlib.Path]:
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout: no list of tracked files")
     suffixes = {".py", ".md", ".sh", ".toml", ".yml", ".yaml", ".txt", ""}
-    return [ROOT / f for f in out.splitlines() if pathlib.Path(f).suffix in suffixes
-            and (ROOT / f).is_file()]
+    return [
+        ROOT / f
+        for f in out.splitlines()
+        if pathlib.Path(f).suffix in suffixes and (ROOT / f).is_file()
+    ]
 
 
 def _flat(text: str) -> str:
@@ -54,6 +57,4 @@ def test_no_work_sessions_or_tracker_issues_cited():
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if LAB_NOTEBOOK.search(line):
                 hits.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
-    assert not hits, "cite a BENCHMARKS.md section, a test or a commit instead:\n" + "\n".join(
-        hits
-    )
+    assert not hits, "cite a BENCHMARKS.md section, a test or a commit instead:\n" + "\n".join(hits)

@@ -14,4 +14,4 @@ def test_first_readme_command_runs_mx_train():
     assert command == "bash tools/setup.sh && .venv/bin/mx-train"
     assert '[test,train]"' in (ROOT / "tools" / "setup.sh").read_text()
     pyproject = (ROOT / "packages" / "mx-nn" / "pyproject.toml").read_text()
-    assert 'mx-train = "mx_nn.train.cli:main"' in pyproject
+    assert 'mx-train = "mx_nn.train.cli:console"' in pyproject

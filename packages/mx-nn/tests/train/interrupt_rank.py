@@ -9,7 +9,8 @@ import os
 import signal
 import sys
 
-from mx_nn.train import loop, main
+from mx_nn.train import loop
+from mx_nn.train.cli import console
 
 
 def _interrupt(rank: int, call: int) -> None:
@@ -26,4 +27,4 @@ def _interrupt(rank: int, call: int) -> None:
 
 if __name__ == "__main__":
     _interrupt(int(sys.argv[1]), int(sys.argv[2]))
-    sys.exit(main(sys.argv[3:]))
+    console(sys.argv[3:])
