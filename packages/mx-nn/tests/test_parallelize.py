@@ -181,12 +181,38 @@ def test_readme_torchrun_example(tmp_path, ranks):
     script.write_text(block)
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [*run, f"--nproc-per-node={ranks}", str(script)], capture_output=True, text=True, env=env
-    )
+    command = [*run, f"--nproc-per-node={ranks}", str(script)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    if _aborted_at_exit(proc, finished="step 2 loss"):
+        proc = subprocess.run(command, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     losses = [float(x) for x in re.findall(r"step \d loss ([\d.]+)", proc.stdout)]
     assert len(losses) == 3 and losses[-1] < losses[0], proc.stdout
+
+
+def _aborted_at_exit(proc: subprocess.CompletedProcess, finished: str) -> bool:
+    """Whether a torchrun run printed ``finished`` (its last line of work) and then lost
+    a rank to gloo's abort during interpreter finalization, after the barrier and
+    destroy_process_group of the script (pytorch/pytorch#179291; about once in a few
+    dozen runs on a loaded CI machine). Such a run is run once more; any other failure,
+    and that abort twice, still fails the test."""
+    return (
+        proc.returncode != 0
+        and finished in proc.stdout
+        and "terminate called without an active exception" in proc.stderr
+    )
+
+
+def test_only_the_teardown_abort_of_a_finished_run_is_run_again():
+    abort = "terminate called without an active exception"
+
+    def done(rc: int, out: str, err: str) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess([], rc, out, err)
+
+    assert _aborted_at_exit(done(1, "step 2 loss 4.1", abort), "step 2 loss")
+    assert not _aborted_at_exit(done(0, "step 2 loss 4.1", abort), "step 2 loss")
+    assert not _aborted_at_exit(done(1, "step 1 loss 4.1", abort), "step 2 loss")  # unfinished
+    assert not _aborted_at_exit(done(1, "step 2 loss 4.1", "Traceback"), "step 2 loss")
 
 
 def test_overhead_benchmark_imports_and_parses_arguments():
