@@ -49,7 +49,6 @@ import triton
 from report import publish
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import parallelize_module
 
 import mx_nn
 import mx_nn.linear as mx_linear
@@ -57,7 +56,6 @@ import mx_nn.linear as mx_linear
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = 1.03
 TOKENS = 8192
-SP_NORMS = ("attention_norm", "ffn_norm")  # the plan's SequenceParallel entries
 
 
 def llama3_8b_shapes(tp: int) -> list[tuple[str, str, int, int, int]]:
@@ -103,28 +101,7 @@ def block_differences(mesh, config, compiled: bool, sp_norms: bool = True) -> di
     same block on plain tensors, with their relative errors (Frobenius norms). ``config``
     None: the nn.Linear block (the control); ``sp_norms`` False: the plan without its
     SequenceParallel norms."""
-    tb = load_block_module()
-    torch.manual_seed(0)
-    block = tb.Block().to(device="cuda", dtype=torch.bfloat16)
-    plain = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
-    tp = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
-    plan = {k: v for k, v in tb._plan().items() if sp_norms or k not in SP_NORMS}
-    tp = parallelize_module(tp, mesh, plan)
-    params = dict(plain.named_parameters())
-    tp_params = dict(tp.named_parameters())
-    if compiled:
-        plain, tp = torch.compile(plain, fullgraph=True), torch.compile(tp, fullgraph=True)
-    x = torch.randn(2, 64, tb.DIM, device="cuda", dtype=torch.bfloat16)
-    grad = torch.randn_like(x)
-    outs = []
-    for module in (plain, tp):
-        xx = x.clone().requires_grad_()
-        y = module(xx)
-        y.backward(grad)
-        outs.append((y, xx.grad))
-    (y0, g0), (y1, g1) = outs
-    named = {"out": (y0, y1), "grad_input": (g0, g1)}
-    named |= {name: (params[name].grad, p.grad) for name, p in tp_params.items()}
+    named = load_block_module().one_rank_results(mesh, config, "cuda", sp_norms, compiled)
     return {name: rel_error(b, a) for name, (a, b) in named.items() if not same(a, b)}
 
 

@@ -15,7 +15,6 @@ them. The H200 check of the same block: ``tools/bench/dtensor_overhead.py``.
 
 from __future__ import annotations
 
-import copy
 import functools
 import sys
 from pathlib import Path
@@ -25,47 +24,15 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))  # the spawned rank imports it by name
-from tp_block import DIM, PATHS, Block, _config, _plan  # noqa: E402
+from tp_block import PATHS, _config, one_rank_results  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="no torch.distributed")
-
-SP_NORMS = ("attention_norm", "ffn_norm")
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    # Parameters the plan leaves out (the norms, without SequenceParallel) stay plain.
-    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def _differences(mesh, config, sp_norms: bool, compiled: bool) -> set[str]:
     """Names of the results (out, grad_input, parameter grads) of the parallelized
     block that are not bit-identical to the plain block's."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    import mx_nn
-
-    torch.manual_seed(0)
-    block = Block().to(torch.bfloat16)
-    plain = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
-    tp = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
-    plan = {k: v for k, v in _plan().items() if sp_norms or k not in SP_NORMS}
-    tp = parallelize_module(tp, mesh, plan)
-    params, tp_params = dict(plain.named_parameters()), dict(tp.named_parameters())
-    if compiled:
-        plain, tp = torch.compile(plain, fullgraph=True), torch.compile(tp, fullgraph=True)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 64, DIM, generator=g).to(torch.bfloat16)
-    grad = torch.randn(2, 64, DIM, generator=g).to(torch.bfloat16)
-    results = []
-    for module in (plain, tp):
-        xx = x.clone().requires_grad_()
-        y = module(xx)
-        y.backward(grad)
-        results.append((y, xx.grad))
-    named = {"out": (results[0][0], results[1][0]), "grad_input": (results[0][1], results[1][1])}
-    named |= {n: (params[n].grad, _full(p.grad)) for n, p in tp_params.items()}
+    named = one_rank_results(mesh, config, "cpu", sp_norms, compiled)
     return {n for n, (a, b) in named.items() if not torch.equal(a, b)}
 
 

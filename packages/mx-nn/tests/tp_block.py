@@ -14,6 +14,7 @@ PATHS = ["mx", "fake_quant"]
 REL_TOL = 1e-5  # fp32 partial sums over K in another order (module doc)
 DIM, HEADS, KV_HEADS, HIDDEN = 256, 8, 4, 512  # head_dim 32: k/v 128 wide, 32 per rank at tp=4
 BATCH, SEQ = 2, 40  # 80 tokens: the columnwise casts pad M to 96 (locally, M unsharded)
+SP_NORMS = ("attention_norm", "ffn_norm")  # the plan's SequenceParallel entries
 
 
 class RMSNorm(nn.Module):
@@ -116,6 +117,43 @@ def _blocks(config, mesh):
     ref = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
     tp = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
     return ref, parallelize_module(tp, mesh, _plan())
+
+
+def one_rank_results(mesh, config, device, sp_norms: bool, compiled: bool) -> dict:
+    """The bf16 block on plain tensors and parallelized over the one-rank ``mesh`` (the
+    plan without its SequenceParallel norms unless ``sp_norms``; each compiled with
+    fullgraph if ``compiled``), forward + backward on the same input and output grad:
+    {result name: (plain, parallelized as a full tensor)} for the output, the input's
+    gradient and every parameter's. ``config`` None: the nn.Linear block."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    import mx_nn
+
+    def full(t):  # parameters the plan leaves out (the norms, without SP) stay plain
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    torch.manual_seed(0)
+    block = Block().to(device=device, dtype=torch.bfloat16)
+    plain = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
+    tp = mx_nn.convert(copy.deepcopy(block), config) if config else copy.deepcopy(block)
+    plan = {k: v for k, v in _plan().items() if sp_norms or k not in SP_NORMS}
+    tp = parallelize_module(tp, mesh, plan)
+    params, tp_params = dict(plain.named_parameters()), dict(tp.named_parameters())
+    if compiled:
+        plain, tp = torch.compile(plain, fullgraph=True), torch.compile(tp, fullgraph=True)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 64, DIM, generator=g).to(device=device, dtype=torch.bfloat16)
+    grad = torch.randn(2, 64, DIM, generator=g).to(device=device, dtype=torch.bfloat16)
+    results = []
+    for module in (plain, tp):
+        xx = x.clone().requires_grad_()
+        y = module(xx)
+        y.backward(grad)
+        results.append((full(y), xx.grad))
+    (y0, g0), (y1, g1) = results
+    named = {"out": (y0, y1), "grad_input": (g0, full(g1))}
+    return named | {n: (params[n].grad, full(p.grad)) for n, p in tp_params.items()}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
