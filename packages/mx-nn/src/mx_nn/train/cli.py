@@ -175,7 +175,12 @@ def _teardown(barrier: bool) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point of ``mx-train`` (``mx-train --help`` lists the flags)."""
+    """``mx-train`` in-process: its exit status (``mx-train --help`` lists the flags)."""
+    return _main(argv)[0]
+
+
+def _main(argv: Sequence[str] | None) -> tuple[int, bool]:
+    """(exit status, whether the run had a process group)."""
     args = parse_args(argv)
     try:
         status = run(args)
@@ -185,12 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException:
         _teardown(barrier=False)
         raise
-    global _DISTRIBUTED
-    _DISTRIBUTED = _teardown(barrier=True)
-    return status
-
-
-_DISTRIBUTED = False  # whether the last main() ran with a process group
+    return status, _teardown(barrier=True)
 
 
 def console(argv: Sequence[str] | None = None) -> None:
@@ -203,8 +203,8 @@ def console(argv: Sequence[str] | None = None) -> None:
     active exception") although the run has finished and its group was destroyed
     (pytorch/pytorch#179291; seen about once in 25 two-rank CPU runs on a loaded
     machine)."""
-    status = main(argv)
-    if not _DISTRIBUTED:
+    status, distributed = _main(argv)
+    if not distributed:
         sys.exit(status)
     logging.shutdown()
     sys.stdout.flush()
