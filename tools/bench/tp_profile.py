@@ -1,7 +1,7 @@
 """Where one step of ``tp_layer.py`` spends its time (run on a GPU): per mode, the wall
 time per step, the host's time to issue one step, the GPU's busy time per step (the sum
 of its kernels' durations: one stream, so they never overlap) and the idle rest, and the
-kernels grouped by name; with ``--cprofile``, the host's Python functions of eager MX
+kernels grouped by name; with ``--cprofile``, the host's Python functions of each run's
 steps by their own time.
 
 A step whose GPU idles for a large part of its wall time waits for the host; a step
@@ -60,8 +60,9 @@ def main() -> int:
     p.add_argument("--modes", default="eager,compiled")
     p.add_argument("--recipe", default="mxfp8")
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--cprofile", action="store_true", help="cProfile eager MX steps")
+    p.add_argument("--cprofile", action="store_true", help="cProfile every run's steps")
     p.add_argument("--top", type=int, default=14, help="kernels listed per run")
+    p.add_argument("--top-functions", type=int, default=35, help="functions listed per profile")
     a = p.parse_args()
     out = []
     for tp in (int(t) for t in a.tp.split(",")):
@@ -85,9 +86,7 @@ def main() -> int:
                 detail.append(f"\nTP={tp} {name} {mode}: kernel | launches/step | ms/step")
                 top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[: a.top]
                 detail += [f"  {k} | {n} | {t:.3f}" for k, (n, t) in top]
-                if mode == "compiled":
-                    torch._dynamo.reset()
-                if a.cprofile and name == "mx" and mode == "eager":
+                if a.cprofile:
                     import cProfile
                     import io
                     import pstats
@@ -97,8 +96,10 @@ def main() -> int:
                             step()
                         torch.cuda.synchronize()
                     s = io.StringIO()
-                    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(35)
-                    detail.append(s.getvalue())
+                    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(a.top_functions)
+                    detail.append(f"TP={tp} {name} {mode}, {a.steps} steps:\n{s.getvalue()}")
+                if mode == "compiled":
+                    torch._dynamo.reset()
         out += summary + detail + [""]
     out.append(f"{a.recipe}, {TOKENS} tokens; torch {torch.__version__}, "
                f"{torch.cuda.get_device_name()}")  # fmt: skip

@@ -98,6 +98,11 @@ def _cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     return cast_shared(fn.__name__, fn, x, fmt, **cast_kwargs(c))
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as [M, K] (a view where the strides allow, as ``reshape``)."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
 def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     """x [M, K] with zero rows appended up to a multiple of ``multiple``."""
     extra = -x.shape[0] % multiple
@@ -196,7 +201,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     def forward(
         ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig, weight_grad: bool
     ) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = _rows(x)
         xf, xf_col = _fake_quantized_input(x2, c, c.needs_colwise_input and weight_grad)
         ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX
         if ctx.gathered_weight:  # saved: backward's gather brings the colwise cast
@@ -207,7 +212,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
         ctx.input_cast = xf_col is not None  # saved: X cast along M, else X itself
         ctx.save_for_backward(wf_col, x2 if xf_col is None else xf_col)
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
-        return y.reshape(*x.shape[:-1], weight.shape[0])
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
@@ -215,8 +220,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
         wf_col, saved_x = ctx.saved_tensors
         if ctx.gathered_weight:
             wf_col = fsdp_gathered.colwise_dequantized(wf_col, c)
-        dy = reduced(grad_output).reshape(-1, grad_output.shape[-1])
-        m = dy.shape[0]
+        dy = _rows(reduced(grad_output))
         grad_x = grad_w = None
         if c.hp_weight_grad:
             if ctx.needs_input_grad[1]:
@@ -225,7 +229,8 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
         else:
             dy_pad = _pad_rows(dy, c.block_size)  # colwise blocks run along M
             dyf, dyf_col = _cast(mx_kernels.fake_quantize_both, dy_pad, c.grad_output_fmt, c)
-            dyf = dyf[:m]
+            if dy_pad is not dy:
+                dyf = dyf[: dy.shape[0]]
             if ctx.needs_input_grad[1]:
                 xf_col = saved_x
                 if not ctx.input_cast:  # an MX gather handed the forward its rowwise cast
@@ -234,7 +239,8 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
                 grad_w = bf16_gemm(dyf_col.t(), xf_col, ctx.w_dtype)
         if ctx.needs_input_grad[0]:
             grad_x = bf16_gemm(dyf, wf_col, ctx.x_dtype)
-            grad_x = grad_x.reshape(*grad_output.shape[:-1], wf_col.shape[1])
+            if grad_output.dim() != 2:
+                grad_x = grad_x.reshape(*grad_output.shape[:-1], wf_col.shape[1])
         return grad_x, grad_w, None, None
 
 
@@ -278,7 +284,7 @@ def _fake_quantized_input(
         if handed is None:
             x_pad = _pad_rows(x2, c.block_size)  # colwise blocks run along M
             row, col = _cast_input(mx_kernels.fake_quantize_both, x_pad, fmt, c)
-            return row[: x2.shape[0]], col
+            return (row if x_pad is x2 else row[: x2.shape[0]]), col
         return handed, None
     return _cast_input(rowwise, x2, fmt, c), None
 
