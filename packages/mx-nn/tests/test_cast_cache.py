@@ -1,14 +1,12 @@
 """Layers that read one input (q/k/v, gate/up) share its casts: eager through
 mx_nn.cast_cache, compiled through the compiler's common-subexpression elimination."""
 
-import functools
-
 import pytest
 import torch
 from torch import nn
 
-import mx_kernels
 import mx_nn
+from mx_kernels.testing import counting_casts
 from mx_nn.cast_cache import cast_shared, clear_cast_cache
 
 PATHS = ["fake_quant", "mx"]
@@ -29,37 +27,37 @@ def _step(layers, x):
     return y.detach(), x.grad, [layer.weight.grad for layer in layers]
 
 
-def _counting(monkeypatch, names, shape=None):
-    """Calls of each mx_kernels cast in ``names`` (on inputs of ``shape`` only, if given)."""
-    calls = {n: 0 for n in names}
-    for name in names:
-        fn = getattr(mx_kernels, name)
+@pytest.fixture
+def casts():
+    """The casts run (op name, input shape), however reached (mx_kernels.testing)."""
+    with counting_casts() as calls:
+        yield calls
 
-        @functools.wraps(fn)
-        def counted(x, *args, _fn=fn, _name=name, **kwargs):
-            calls[_name] += shape is None or tuple(x.shape) == shape
-            return _fn(x, *args, **kwargs)
 
-        monkeypatch.setattr(mx_kernels, name, counted)
-    return calls
+def _count(calls, names, shape):
+    """Casts run per op in ``names`` on inputs of ``shape``."""
+    return {n: sum(1 for op, s in calls if op == n and s == shape) for n in names}
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_shared_input_is_cast_once_per_orientation_with_the_same_results(path, monkeypatch):
+def test_shared_input_is_cast_once_per_orientation_with_the_same_results(path, monkeypatch, casts):
     layers = _layers(path)
     x = torch.randn(2, 48, 128, dtype=torch.bfloat16)  # [96, 128]: no weight or dY is
     with monkeypatch.context() as m:  # every layer casts for itself
-        m.setattr("mx_nn.linear.cast_shared", lambda site, cast, x, *a, **k: cast(x, *a, **k))
+        m.setattr("mx_nn.layer_casts.cast_shared", lambda site, cast, x, *a, **k: cast(x, *a, **k))
+        m.setattr("mx_nn.fused_casts.cast_shared_plan", lambda site, plan, x: plan(x))
         want = _step(layers, x)
+    both = "fake_quantize_both" if path == "fake_quant" else "quantize_both"
+    assert _count(casts, [both], (96, 128))[both] == 3  # unshared: once per layer
     for layer in layers:
         layer.weight.grad = None
     # Either path casts x both ways in forward (one read), once for the three layers.
     prefix = "fake_" if path == "fake_quant" else ""
     once = {f"{prefix}quantize_{way}": int(way == "both") for way in ("both", "rowwise", "colwise")}
-    calls = _counting(monkeypatch, list(once), shape=(96, 128))
     clear_cast_cache()
+    casts.clear()
     got = _step(layers, x)
-    assert calls == once
+    assert _count(casts, once, (96, 128)) == once
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     for gw, want_gw in zip(got[2], want[2], strict=True):
         assert torch.equal(gw, want_gw)
@@ -118,7 +116,7 @@ def test_compiled_layers_sharing_an_input_hold_one_cast_per_orientation():
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_reused_weight_casts_until_a_step_or_a_load_changes_the_weight(path, monkeypatch):
+def test_reused_weight_casts_until_a_step_or_a_load_changes_the_weight(path, casts):
     torch.manual_seed(0)
     config = mx_nn.MXLinearConfig(compute_path=path, reuse_weight_casts=True)
     layer = mx_nn.MXLinear(128, 64, bias=False, config=config, dtype=torch.bfloat16)
@@ -126,11 +124,15 @@ def test_reused_weight_casts_until_a_step_or_a_load_changes_the_weight(path, mon
     name = "fake_quantize_both" if path == "fake_quant" else "quantize_both"
     opt = torch.optim.SGD(layer.parameters(), lr=0.1)
     clear_cast_cache()
-    calls = _counting(monkeypatch, [name], shape=(64, 128))  # the weight's casts only
+    casts.clear()
+
+    def weight_casts():  # the weight's casts only
+        return _count(casts, [name], (64, 128))[name]
+
     xs = [torch.randn(32, 128, dtype=torch.bfloat16) for _ in range(3)]
     for x in xs:  # three micro-batches: the weight's casts are made once
         layer(x).sum().backward()
-    assert calls[name] == 1
+    assert weight_casts() == 1
     for change in (
         opt.step,  # an in-place update: cast again, and the output follows the new weight
         lambda: layer.load_state_dict({"weight": torch.randn(64, 128, dtype=torch.bfloat16)}),
@@ -138,19 +140,19 @@ def test_reused_weight_casts_until_a_step_or_a_load_changes_the_weight(path, mon
         change()
         with torch.no_grad():
             want = plain(xs[0])  # never reuses: casts the weight as it is now
-            before = calls[name]
+            before = weight_casts()
             assert torch.equal(layer(xs[0]), want)
-            assert calls[name] == before + 1
+            assert weight_casts() == before + 1
     clear_cast_cache()
 
 
 @pytest.mark.parametrize("frozen", [False, True], ids=["no_grad", "frozen weight"])
-def test_forward_casts_x_along_m_only_when_backward_computes_dw(frozen, monkeypatch):
+def test_forward_casts_x_along_m_only_when_backward_computes_dw(frozen, casts):
     layers = _layers("fake_quant", n=1)
     x = torch.randn(96, 128, dtype=torch.bfloat16, requires_grad=True)
     names = ["fake_quantize_both", "fake_quantize_rowwise", "fake_quantize_colwise"]
-    calls = _counting(monkeypatch, names, shape=(96, 128))
     clear_cast_cache()
+    casts.clear()
     if frozen:  # dX only: x along K in forward, nothing along M
         layers[0].weight.requires_grad_(False)
         layers[0](x).sum().backward()
@@ -158,6 +160,6 @@ def test_forward_casts_x_along_m_only_when_backward_computes_dw(frozen, monkeypa
     else:
         with torch.no_grad():
             layers[0](x)
-    assert calls == {"fake_quantize_both": 0, "fake_quantize_rowwise": 1,
+    assert _count(casts, names, (96, 128)) == {"fake_quantize_both": 0, "fake_quantize_rowwise": 1,
                      "fake_quantize_colwise": 0}  # fmt: skip
     clear_cast_cache()

@@ -95,3 +95,30 @@ def test_bf16_parameters_and_autocast(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = fused(x)
     assert y.dtype == torch.bfloat16 and _rel(y, want[0]) <= 2**-7
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_planned_casts_equal_the_general_path(dtype, monkeypatch):
+    """The plain case runs its casts' plans directly (mx_nn.fused_casts); the general
+    path, through the public functions, gives the same bits, forward and backward,
+    including a second call that finds the plans made."""
+    import mx_nn.fused_casts
+    from mx_kernels.testing import counting_casts
+
+    monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    fused, _ = _modules(FUSED, k=64, n=64)
+    fused = fused.to(dtype)
+    x, grad = torch.randn(32, 64, dtype=dtype), torch.randn(32, 64, dtype=dtype)
+    planned = []
+    with counting_casts() as casts:
+        for _ in range(2):
+            planned.append([t.clone() for t in _run(fused, x, grad)])
+            fused.zero_grad()
+    assert [op for op, _ in casts] == ["fake_quantize_both"] * 6  # X, W, dY per call
+    assert any(c.config is fused.config for c in mx_nn.fused_casts._CASTS.values())  # planned
+    with monkeypatch.context() as m:
+        m.setattr("mx_nn.linear.fused_casts", lambda *args: None)
+        general = _run(fused, x, grad)
+    for got in planned:
+        for g, w in zip(got, general, strict=True):
+            assert torch.equal(g, w)

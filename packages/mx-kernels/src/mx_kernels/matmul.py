@@ -138,7 +138,7 @@ def bf16_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch
         a = a.to(bf16)
     if b.dtype != bf16:
         b = b.to(bf16)
-    if a.device.type != "cuda":
+    if not a.is_cuda:
         return torch.mm(a.float(), b.float()).to(out_dtype)  # bf16 values are exact in fp32
     if out_dtype == bf16:
         return torch.mm(a, b)

@@ -1,5 +1,5 @@
 """Test helpers: the cached launch path of :mod:`mx_kernels.launch`, which only CUDA
-tensors take, run on CPU.
+tensors take, run on CPU; and a count of the casts that run.
 
 Under :func:`cpu_cached_launches`, CPU tensors go through the launch cache as CUDA
 tensors do, with a stand-in for Triton's compiled kernel: the first launch of each
@@ -23,7 +23,7 @@ import torch
 from mx_kernels import cast_launch, cast_plan, launch
 from mx_kernels.launch import KernelLauncher, specialization_key
 
-__all__ = ["cpu_cached_launches"]
+__all__ = ["counting_casts", "cpu_cached_launches"]
 
 
 class _StandIn:
@@ -94,6 +94,25 @@ def cpu_cached_launches(interpret: bool = True) -> Iterator[collections.Counter]
         KernelLauncher.cached_devices, KernelLauncher.compile, KernelLauncher.check = saved
         launch._stream = saved_stream
         _drop_plans()
+
+
+@contextlib.contextmanager
+def counting_casts() -> Iterator[list[tuple[str, tuple[int, ...]]]]:
+    """Within, every cast that runs appends ``(op name, input shape)`` to the yielded
+    list, however it was reached: a public function, a ``torch.ops.mx`` op or a caller
+    holding the cast's plan (every one runs a :class:`mx_kernels.cast_plan.CastPlan`)."""
+    calls: list[tuple[str, tuple[int, ...]]] = []
+    run = cast_plan.CastPlan.__call__
+
+    def counted(plan, x):
+        calls.append((plan.logs[0][0], tuple(x.shape)))
+        return run(plan, x)
+
+    cast_plan.CastPlan.__call__ = counted
+    try:
+        yield calls
+    finally:
+        cast_plan.CastPlan.__call__ = run
 
 
 def _drop_plans() -> None:

@@ -23,7 +23,9 @@ from typing import NamedTuple
 import torch
 from torch.distributed.tensor import DTensor
 
-__all__ = ["cast_shared", "clear_cast_cache", "peek_cast", "prime_cast"]
+__all__ = [
+    "cast_shared", "cast_shared_plan", "clear_cast_cache", "has_entry", "peek_cast", "prime_cast",
+]  # fmt: skip
 
 
 class _Entry(NamedTuple):
@@ -63,6 +65,25 @@ def cast_shared(site: str, cast, x: torch.Tensor, *args, **kwargs):
     out = cast(x, *args, **kwargs)
     _ENTRIES[site] = _Entry(x, key, out)
     return out
+
+
+def cast_shared_plan(site: str, plan, x: torch.Tensor):
+    """:func:`cast_shared` of a cast plan (``mx_kernels.cast_plan``): ``plan(x)``, or
+    the last result at ``site`` when it came from the same plan and tensor. The plan
+    stands for the cast and all its arguments, so it keys in their place. Eager only,
+    as its callers (the plans run only there)."""
+    key = (_identity(x), plan)
+    entry = _ENTRIES.get(site)
+    if entry is not None and entry.key == key:
+        return entry.out
+    out = plan(x)
+    _ENTRIES[site] = _Entry(x, key, out)
+    return out
+
+
+def has_entry(site: str) -> bool:
+    """Whether anything is kept at ``site``."""
+    return site in _ENTRIES
 
 
 def peek_cast(site: str, cast, x: torch.Tensor, *args, **kwargs):

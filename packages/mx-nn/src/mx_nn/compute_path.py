@@ -64,7 +64,7 @@ def fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype)
     # host time; the answer depends on the config (keyed by the object: it is frozen, and
     # the entry keeps it, so its id is not reused), the device, the dtype and the GEMM
     # design's variable only.
-    key = (id(c), device.type, device.index, dtype, os.environ.get(_DESIGN_ENV))
+    key = (id(c), device, dtype, os.environ.get(_DESIGN_ENV))
     hit = _PATHS.get(key)
     if hit is None or hit[0] is not c:
         if len(_PATHS) >= 4096:

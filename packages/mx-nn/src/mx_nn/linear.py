@@ -51,7 +51,6 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -61,9 +60,18 @@ import mx_nn.gathered_cast  # noqa: F401  (MX gathers hand their cast to these l
 from mx_core import MXTensor, get_format
 from mx_kernels.matmul import bf16_gemm
 from mx_nn import fsdp_gathered
-from mx_nn.cast_cache import cast_shared, peek_cast
-from mx_nn.compute_path import GEMM_BLOCK, cast_kwargs, fake_quant_path
+from mx_nn.compute_path import GEMM_BLOCK, fake_quant_path
 from mx_nn.config import MXLinearConfig
+from mx_nn.fused_casts import fused_casts
+from mx_nn.layer_casts import (
+    as_rows,
+    cast_input,
+    cast_weight,
+    config_cast,
+    fake_quantized_input,
+    mx_input,
+    pad_rows,
+)
 from mx_nn.local_shards import on_local_shards, reduced
 from mx_nn.placements import linear_layout
 
@@ -75,50 +83,6 @@ _LOGGED: set[tuple[str, str]] = set()  # (why, device) of the emulated GEMMs log
 # dispatches every mx op through DTensor and its sharding rules instead (tests compare
 # the two, bit for bit).
 _LOCAL_SHARDS = True
-
-
-def _cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
-    """``fn`` (an mx_kernels cast or fake-quantize) with the config's block, mode, backend."""
-    return fn(x, fmt, **cast_kwargs(c))
-
-
-def _cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig):
-    """:func:`_cast` of the weight, kept while it is unchanged if the config asks. Only
-    a Parameter's: a weight converted per step (autocast to another dtype) is new each
-    time, and keeping its casts would keep every copy."""
-    if not (c.reuse_weight_casts and isinstance(weight, nn.Parameter)):
-        return _cast(fn, weight, fmt, c)
-    site = f"weight {id(weight)}"  # one entry per weight; it holds the weight alive
-    return cast_shared(site, fn, weight, fmt, **cast_kwargs(c))
-
-
-def _cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
-    """:func:`_cast` of the layer's input, shared with the other layers that read the
-    same tensor (q/k/v, gate/up; :mod:`mx_nn.cast_cache`)."""
-    return cast_shared(fn.__name__, fn, x, fmt, **cast_kwargs(c))
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] as [M, K] (a view where the strides allow, as ``reshape``)."""
-    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-
-
-def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    """x [M, K] with zero rows appended up to a multiple of ``multiple``."""
-    extra = -x.shape[0] % multiple
-    if not extra:
-        return x
-    if not isinstance(x, DTensor):
-        return F.pad(x, (0, 0, 0, extra))
-    # M is not sharded here: a sharded M holds whole blocks or MXLinear refused it
-    # (mx_nn.placements), so it needs no padding. Each rank pads its own rows.
-    if any(getattr(p, "dim", None) == 0 for p in x.placements):
-        raise ValueError(f"MXLinear: rows sharded as {x.placements} cannot be padded locally")
-    m, k = x.shape
-    local = F.pad(x.to_local(), (0, 0, 0, extra))
-    return DTensor.from_local(
-        local, x.device_mesh, x.placements, run_check=False, shape=(m + extra, k), stride=(k, 1)
-    )
 
 
 def _gemm(a, a_fmt: str, b, b_fmt: str, out_dtype: torch.dtype, c: MXLinearConfig):
@@ -141,12 +105,12 @@ class _MXLinearFunction(torch.autograd.Function):
         ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig, weight_grad: bool
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        (x_q, x_s), saved_x = _mx_input(x2, c, c.needs_colwise_input and weight_grad)
+        (x_q, x_s), saved_x = mx_input(x2, c, c.needs_colwise_input and weight_grad)
         ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX
         if ctx.gathered_weight:  # its rowwise cast; backward's gather brings the colwise one
             (w_q, w_s), saved_w = fsdp_gathered.rowwise(weight, c), (weight,)
         else:
-            w_q, w_s, *saved_w = _cast_weight(mx_kernels.quantize_both, weight, c.weight_fmt, c)
+            w_q, w_s, *saved_w = cast_weight(mx_kernels.quantize_both, weight, c.weight_fmt, c)
         y = _gemm((x_q, x_s), c.input_fmt, (w_q, w_s), c.weight_fmt, x.dtype, c)
         ctx.save_for_backward(*saved_w, *saved_x)
         # No shapes on ctx (SymInts there trip torch 2.11's dynamo, as in check_scaled_mm_args).
@@ -167,10 +131,10 @@ class _MXLinearFunction(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 (x2,) = saved_x
                 grad_w = (dy.t() @ x2.to(dy.dtype)).to(ctx.w_dtype)
-            dy_q, dy_s = _cast(mx_kernels.quantize_rowwise, dy, c.grad_output_fmt, c)
+            dy_q, dy_s = config_cast(mx_kernels.quantize_rowwise, dy, c.grad_output_fmt, c)
         else:
-            dy_q, dy_s, dyt_q, dyt_s = _cast(
-                mx_kernels.quantize_both, _pad_rows(dy, c.block_size), c.grad_output_fmt, c
+            dy_q, dy_s, dyt_q, dyt_s = config_cast(
+                mx_kernels.quantize_both, pad_rows(dy, c.block_size), c.grad_output_fmt, c
             )
             dy_q, dy_s = dy_q[:m], dy_s[:m]
             if ctx.needs_input_grad[1]:
@@ -178,8 +142,8 @@ class _MXLinearFunction(torch.autograd.Function):
                     xt_q, xt_s = saved_x
                 else:  # an MX gather handed the forward its rowwise cast: X itself
                     (x2,) = saved_x
-                    xt_q, xt_s = _cast_input(
-                        mx_kernels.quantize_colwise, _pad_rows(x2, c.block_size), c.input_fmt, c
+                    xt_q, xt_s = cast_input(
+                        mx_kernels.quantize_colwise, pad_rows(x2, c.block_size), c.input_fmt, c
                     )
                 grad_w = _gemm(
                     (dyt_q, dyt_s), c.grad_output_fmt, (xt_q, xt_s), c.input_fmt, ctx.w_dtype, c
@@ -201,13 +165,21 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
     def forward(
         ctx, x: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig, weight_grad: bool
     ) -> torch.Tensor:
-        x2 = _rows(x)
-        xf, xf_col = _fake_quantized_input(x2, c, c.needs_colwise_input and weight_grad)
-        ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX
-        if ctx.gathered_weight:  # saved: backward's gather brings the colwise cast
-            wf_row, wf_col = fsdp_gathered.rowwise_dequantized(weight, c), weight
+        x2 = as_rows(x)
+        colwise = c.needs_colwise_input and weight_grad
+        ctx.casts = casts = fused_casts(x2, weight, c, colwise)
+        ctx.gathered_weight = False
+        if casts is not None:  # the plain case: its casts' plans, directly
+            xf, xf_col = casts.input(x2)
+            wf_row, wf_col = casts.weight(weight)
         else:
-            wf_row, wf_col = _cast_weight(mx_kernels.fake_quantize_both, weight, c.weight_fmt, c)
+            xf, xf_col = fake_quantized_input(x2, c, colwise)
+            ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX
+            if ctx.gathered_weight:  # saved: backward's gather brings the colwise cast
+                wf_row, wf_col = fsdp_gathered.rowwise_dequantized(weight, c), weight
+            else:
+                fn = mx_kernels.fake_quantize_both
+                wf_row, wf_col = cast_weight(fn, weight, c.weight_fmt, c)
         y = bf16_gemm(xf, wf_row.t(), x.dtype)
         ctx.input_cast = xf_col is not None  # saved: X cast along M, else X itself
         ctx.save_for_backward(wf_col, x2 if xf_col is None else xf_col)
@@ -220,73 +192,33 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
         wf_col, saved_x = ctx.saved_tensors
         if ctx.gathered_weight:
             wf_col = fsdp_gathered.colwise_dequantized(wf_col, c)
-        dy = _rows(reduced(grad_output))
+        dy = as_rows(reduced(grad_output))
         grad_x = grad_w = None
         if c.hp_weight_grad:
             if ctx.needs_input_grad[1]:
                 grad_w = (dy.t() @ saved_x.to(dy.dtype)).to(ctx.w_dtype)
-            dyf = _cast(mx_kernels.fake_quantize_rowwise, dy, c.grad_output_fmt, c)
+            dyf = config_cast(mx_kernels.fake_quantize_rowwise, dy, c.grad_output_fmt, c)
         else:
-            dy_pad = _pad_rows(dy, c.block_size)  # colwise blocks run along M
-            dyf, dyf_col = _cast(mx_kernels.fake_quantize_both, dy_pad, c.grad_output_fmt, c)
-            if dy_pad is not dy:
-                dyf = dyf[: dy.shape[0]]
+            casts = ctx.casts and ctx.casts.grad_output(dy)
+            if casts is not None:
+                dyf, dyf_col = casts
+            else:
+                dy_pad = pad_rows(dy, c.block_size)  # colwise blocks run along M
+                fn = mx_kernels.fake_quantize_both
+                dyf, dyf_col = config_cast(fn, dy_pad, c.grad_output_fmt, c)
+                if dy_pad is not dy:
+                    dyf = dyf[: dy.shape[0]]
             if ctx.needs_input_grad[1]:
                 xf_col = saved_x
                 if not ctx.input_cast:  # an MX gather handed the forward its rowwise cast
-                    x_pad = _pad_rows(saved_x, c.block_size)
-                    xf_col = _cast_input(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
+                    x_pad = pad_rows(saved_x, c.block_size)
+                    xf_col = cast_input(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
                 grad_w = bf16_gemm(dyf_col.t(), xf_col, ctx.w_dtype)
         if ctx.needs_input_grad[0]:
             grad_x = bf16_gemm(dyf, wf_col, ctx.x_dtype)
             if grad_output.dim() != 2:
                 grad_x = grad_x.reshape(*grad_output.shape[:-1], wf_col.shape[1])
         return grad_x, grad_w, None, None
-
-
-def _mx_input(
-    x2: torch.Tensor, c: MXLinearConfig, colwise: bool
-) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
-    """X [M, K] cast along K (codes, scales), and what backward keeps for dW: where
-    ``colwise`` (the MX dW GEMM will run), X's columnwise cast made from the same read
-    (``quantize_both``, shared by the layers reading X), about half of X's bytes in
-    bf16; else, or where an MX gather handed the rowwise cast over (unless
-    ``save_mx_activations``), X itself. Casting in forward also means the compiler
-    never recomputes X for the cast in backward: Inductor's recompute of an RMSNorm
-    output in backward was seen to differ from the forward's in the last bit."""
-    rowwise, fmt = mx_kernels.quantize_rowwise, c.input_fmt
-    if colwise:
-        handed = None
-        if not c.save_mx_activations:
-            handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
-        if handed is None:
-            both = mx_kernels.quantize_both
-            x_q, x_s, xt_q, xt_s = _cast_input(both, _pad_rows(x2, c.block_size), fmt, c)
-            m = x2.shape[0]
-            return (x_q[:m], x_s[:m]), (xt_q, xt_s)
-        return handed, (x2,)
-    return _cast_input(rowwise, x2, fmt, c), (x2,)
-
-
-def _fake_quantized_input(
-    x2: torch.Tensor, c: MXLinearConfig, colwise: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """X [M, K] fake-quantized along K, and along M where ``colwise`` (the MX dW GEMM
-    will run) and no MX gather handed the rowwise cast over: both from one read of X
-    (``fake_quantize_both``, shared by the layers reading X), the columnwise one
-    saved for backward in place of X. That is one read of X and one launch fewer per
-    step than casting along M in backward (BENCHMARKS.md, 2026-12-05 'TP layer: where
-    the step goes'), and as much memory as saving X, except where something else keeps X
-    alive too (attention's output, which SDPA saves, as o_proj's input)."""
-    rowwise, fmt = mx_kernels.fake_quantize_rowwise, c.input_fmt
-    if colwise:
-        handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
-        if handed is None:
-            x_pad = _pad_rows(x2, c.block_size)  # colwise blocks run along M
-            row, col = _cast_input(mx_kernels.fake_quantize_both, x_pad, fmt, c)
-            return (row if x_pad is x2 else row[: x2.shape[0]]), col
-        return handed, None
-    return _cast_input(rowwise, x2, fmt, c), None
 
 
 class MXLinear(nn.Linear):
@@ -339,13 +271,13 @@ class MXLinear(nn.Linear):
         return f"MXLinear{name} (in_features={self.in_features}, out_features={self.out_features})"
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        x, weight, device_type = input, self.weight, input.device.type
+        x, weight, device = input, self.weight, input.device
         # Under autocast both operands are cast as F.linear would cast them, and the MX
         # GEMMs run outside it.
         dtype = None
-        if torch.is_autocast_enabled(device_type):
-            dtype = torch.get_autocast_dtype(device_type)
-        fn = self._function(x.device, dtype or x.dtype, dtype or weight.dtype)
+        if torch.is_autocast_enabled(device.type):
+            dtype = torch.get_autocast_dtype(device.type)
+        fn = self._function(device, dtype or x.dtype, dtype or weight.dtype)
         # Whether backward will compute dW: forward then prepares X's cast along M
         # (autograd.Function.forward sees requires_grad even under no_grad).
         weight_grad = weight.requires_grad and torch.is_grad_enabled()
@@ -356,7 +288,7 @@ class MXLinear(nn.Linear):
                 return y if self.bias is None else y + self.bias.to(y.dtype)
         if dtype is not None:
             x, weight = x.to(dtype), weight.to(dtype)
-            with torch.autocast(device_type, enabled=False):
+            with torch.autocast(device.type, enabled=False):
                 y = fn.apply(x, weight, self.config, weight_grad)
         else:
             y = fn.apply(x, weight, self.config, weight_grad)

@@ -1,0 +1,111 @@
+"""MXLinear's casts of its operands: the config's cast arguments, X's casts shared by the
+layers that read X (q/k/v, gate/up: :mod:`mx_nn.cast_cache`) or handed over by an MX
+gather (:mod:`mx_nn.gathered_cast`), the weight's kept across calls where the config
+asks, and rows padded to whole MX blocks where a cast runs along M.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+import mx_kernels
+from mx_nn.cast_cache import cast_shared, peek_cast
+from mx_nn.compute_path import cast_kwargs
+from mx_nn.config import MXLinearConfig
+
+__all__ = [
+    "as_rows", "cast_input", "cast_weight", "config_cast", "fake_quantized_input", "mx_input",
+    "pad_rows",
+]  # fmt: skip
+
+
+def config_cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
+    """``fn`` (an mx_kernels cast or fake-quantize) with the config's block, mode, backend."""
+    return fn(x, fmt, **cast_kwargs(c))
+
+
+def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig):
+    """:func:`config_cast` of the weight, kept while it is unchanged if the config asks. Only
+    a Parameter's: a weight converted per step (autocast to another dtype) is new each
+    time, and keeping its casts would keep every copy."""
+    if not (c.reuse_weight_casts and isinstance(weight, nn.Parameter)):
+        return config_cast(fn, weight, fmt, c)
+    site = f"weight {id(weight)}"  # one entry per weight; it holds the weight alive
+    return cast_shared(site, fn, weight, fmt, **cast_kwargs(c))
+
+
+def cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
+    """:func:`config_cast` of the layer's input, shared with the other layers that read the
+    same tensor (q/k/v, gate/up; :mod:`mx_nn.cast_cache`)."""
+    return cast_shared(fn.__name__, fn, x, fmt, **cast_kwargs(c))
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as [M, K] (a view where the strides allow, as ``reshape``)."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """x [M, K] with zero rows appended up to a multiple of ``multiple``."""
+    extra = -x.shape[0] % multiple
+    if not extra:
+        return x
+    if not isinstance(x, DTensor):
+        return F.pad(x, (0, 0, 0, extra))
+    # M is not sharded here: a sharded M holds whole blocks or MXLinear refused it
+    # (mx_nn.placements), so it needs no padding. Each rank pads its own rows.
+    if any(getattr(p, "dim", None) == 0 for p in x.placements):
+        raise ValueError(f"MXLinear: rows sharded as {x.placements} cannot be padded locally")
+    m, k = x.shape
+    local = F.pad(x.to_local(), (0, 0, 0, extra))
+    return DTensor.from_local(
+        local, x.device_mesh, x.placements, run_check=False, shape=(m + extra, k), stride=(k, 1)
+    )
+
+
+def mx_input(
+    x2: torch.Tensor, c: MXLinearConfig, colwise: bool
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """X [M, K] cast along K (codes, scales), and what backward keeps for dW: where
+    ``colwise`` (the MX dW GEMM will run), X's columnwise cast made from the same read
+    (``quantize_both``, shared by the layers reading X), about half of X's bytes in
+    bf16; else, or where an MX gather handed the rowwise cast over (unless
+    ``save_mx_activations``), X itself. Casting in forward also means the compiler
+    never recomputes X for the cast in backward: Inductor's recompute of an RMSNorm
+    output in backward was seen to differ from the forward's in the last bit."""
+    rowwise, fmt = mx_kernels.quantize_rowwise, c.input_fmt
+    if colwise:
+        handed = None
+        if not c.save_mx_activations:
+            handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
+        if handed is None:
+            both = mx_kernels.quantize_both
+            x_q, x_s, xt_q, xt_s = cast_input(both, pad_rows(x2, c.block_size), fmt, c)
+            m = x2.shape[0]
+            return (x_q[:m], x_s[:m]), (xt_q, xt_s)
+        return handed, (x2,)
+    return cast_input(rowwise, x2, fmt, c), (x2,)
+
+
+def fake_quantized_input(
+    x2: torch.Tensor, c: MXLinearConfig, colwise: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """X [M, K] fake-quantized along K, and along M where ``colwise`` (the MX dW GEMM
+    will run) and no MX gather handed the rowwise cast over: both from one read of X
+    (``fake_quantize_both``, shared by the layers reading X), the columnwise one
+    saved for backward in place of X. That is one read of X and one launch fewer per
+    step than casting along M in backward (BENCHMARKS.md, 2026-12-05 'TP layer: where
+    the step goes'), and as much memory as saving X, except where something else keeps X
+    alive too (attention's output, which SDPA saves, as o_proj's input)."""
+    rowwise, fmt = mx_kernels.fake_quantize_rowwise, c.input_fmt
+    if colwise:
+        handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
+        if handed is None:
+            x_pad = pad_rows(x2, c.block_size)  # colwise blocks run along M
+            row, col = cast_input(mx_kernels.fake_quantize_both, x_pad, fmt, c)
+            return (row if x_pad is x2 else row[: x2.shape[0]]), col
+        return handed, None
+    return cast_input(rowwise, x2, fmt, c), None
