@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mx_nn import MXLinearConfig
-from mx_nn.compute_path import cast_kwargs, fake_quant_path
+from mx_nn.compute_path import cast_kwargs, clear_decisions, fake_quant_path
 
 FUSED = MXLinearConfig(gemm_backend="triton", cast_backend="triton")
 
@@ -21,6 +21,7 @@ FUSED = MXLinearConfig(gemm_backend="triton", cast_backend="triton")
 )
 def test_mx_path_where_fusion_does_not_apply(case, monkeypatch):
     monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    clear_decisions()  # the design variable is read when a config is first seen
     config, dtype = FUSED, torch.float32
     if case == "fp16 input":
         dtype = torch.float16
@@ -32,6 +33,17 @@ def test_mx_path_where_fusion_does_not_apply(case, monkeypatch):
         config = dataclasses.replace(FUSED, weight_fmt="fp6_e2m3")
     assert not fake_quant_path(torch.device("cpu"), config, dtype)
     assert fake_quant_path(torch.device("cpu"), FUSED, torch.float32) == (case != "design fp8_mma")
+
+
+def test_design_variable_is_read_when_a_config_is_first_seen(monkeypatch):
+    monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    config, cpu = dataclasses.replace(FUSED), torch.device("cpu")
+    assert fake_quant_path(cpu, config, torch.float32)
+    monkeypatch.setenv("MX_KERNELS_MM_DESIGN", "fp8_mma")
+    assert fake_quant_path(cpu, config, torch.float32)  # decided on the first call
+    assert not fake_quant_path(cpu, config, torch.bfloat16)  # a new dtype: decided now
+    clear_decisions()
+    assert not fake_quant_path(cpu, config, torch.float32)
 
 
 def test_auto_on_cpu_keeps_the_emulated_mx_path():

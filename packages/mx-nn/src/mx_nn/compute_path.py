@@ -13,15 +13,14 @@ path and device.
 from __future__ import annotations
 
 import logging
-import os
 from types import SimpleNamespace
 
 import torch
 
-from mx_kernels.matmul import _DESIGN_ENV, bf16_gemm_design
+from mx_kernels.matmul import bf16_gemm_design
 from mx_nn.config import MXLinearConfig
 
-__all__ = ["cast_kwargs", "fake_quant_path"]
+__all__ = ["cast_kwargs", "clear_decisions", "fake_quant_path"]
 
 logger = logging.getLogger("mx_nn")
 GEMM_BLOCK = 32  # the only block size of the MX GEMMs
@@ -49,9 +48,10 @@ _KWARGS: dict[int, tuple[MXLinearConfig, dict]] = {}
 
 def fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype) -> bool:
     """Whether MXLinear runs its fused path on ``device`` for ``dtype`` inputs: every
-    GEMM would be scaled_mm's
-    dequant_bf16 design, fp16 is not involved (fake-quantized fp16 values can leave
-    fp16's range where the MX path's bf16 ones do not), and no MX cast is kept.
+    GEMM would be scaled_mm's dequant_bf16 design, fp16 is not involved (fake-quantized
+    fp16 values can leave fp16's range where the MX path's bf16 ones do not), and no MX
+    cast is kept. Decided once per config object, device and dtype: set
+    ``MX_KERNELS_MM_DESIGN`` before the first step (:func:`clear_decisions` forgets).
 
     A constant to torch.compile. Its arguments reach it as plain values: torch 2.11's
     dynamo cannot rebuild a frozen dataclass to call such a function ("can't reconstruct
@@ -62,17 +62,25 @@ def fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype)
         return _fake_quant_path_of(device.type, device.index, fields, dtype)
     # Eager: asked on every call, and resolving three GEMM backends costs tens of us of
     # host time; the answer depends on the config (keyed by the object: it is frozen, and
-    # the entry keeps it, so its id is not reused), the device, the dtype and the GEMM
-    # design's variable only.
-    key = (id(c), device, dtype, os.environ.get(_DESIGN_ENV))
+    # the entry keeps it, so its id is not reused), the device and the dtype, and on the
+    # GEMM design's variable as it was when they were first seen: reading the variable
+    # on every call cost a few us of a layer call's host time (a compiled model, too,
+    # fixes the decision when it is traced).
+    key = (id(c), device, dtype)
     hit = _PATHS.get(key)
     if hit is None or hit[0] is not c:
         if len(_PATHS) >= 4096:
             _PATHS.clear()
         fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
         hit = _PATHS[key] = (c, *_decide(device.type, device.index, fields, dtype))
-    _log_path(hit[2])
+    if hit[2] not in _LOGGED:
+        _log_path(hit[2])
     return hit[1]
+
+
+def clear_decisions() -> None:
+    """Forget every path decided (the next call of each config decides again)."""
+    _PATHS.clear()
 
 
 _CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",

@@ -273,9 +273,10 @@ class MXLinear(nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, weight, device = input, self.weight, input.device
         # Under autocast both operands are cast as F.linear would cast them, and the MX
-        # GEMMs run outside it.
+        # GEMMs run outside it. (Asked of any device first: one call, where asking of
+        # this device costs a few.)
         dtype = None
-        if torch.is_autocast_enabled(device.type):
+        if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(device.type):
             dtype = torch.get_autocast_dtype(device.type)
         fn = self._function(device, dtype or x.dtype, dtype or weight.dtype)
         # Whether backward will compute dW: forward then prepares X's cast along M
