@@ -102,6 +102,16 @@ def test_host_cost_runs_on_cpu_with_the_launch_stubbed():
     assert "| quantize_both |" in out and "kernel launch stubbed" in out
 
 
+def test_host_step_runs_on_cpu_with_the_launch_stubbed():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools/bench/host_step.py"), "--modes=eager", "--steps=3"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert out.startswith("eager: bf16 ") and " MX " in out
+
+
 @pytest.mark.parametrize("script", BENCHMARKS)
 def test_benchmarks_import_and_parse_arguments(script):
     # They only run on a GPU; this catches a broken import or argument parser here.
