@@ -139,15 +139,14 @@ class CastPlan:
     stand-in appended to them; ``result`` what the call returns). ``prepare``, if set,
     makes the x that the kernel reads (a copy)."""
 
-    __slots__ = ("logs", "_logged", "reference", "prepare", "specs", "allocs", "dummy",
-                 "launch", "slots", "result", "_run")  # fmt: skip
+    __slots__ = ("logs", "_logged", "prepare", "specs", "allocs", "dummy", "launch", "slots",
+                 "result", "_run")  # fmt: skip
 
     def __init__(self, logs: tuple, reference: Callable | None = None) -> None:
         self.logs = logs  # log_choice's arguments, in order
         self._logged = frozenset(logs)
-        self.reference = reference
         self.prepare = None
-        self._run = reference  # the Triton plans set theirs (_triton_plan)
+        self._run = reference  # the reference, or the Triton plans' own (_triton_plan)
 
     def __call__(self, x: torch.Tensor):
         if not self._logged <= _backend._LOGGED:
