@@ -89,7 +89,7 @@ def test_numerics_report_runs():
 
 
 BENCHMARKS = ["casts.py", "gemm.py", "linear.py", "dtensor_overhead.py", "host_cost.py",
-              "tp_layer.py", "multi_gpu.py"]  # fmt: skip
+              "tp_layer.py", "multi_gpu.py", "inline_ab.py"]  # fmt: skip
 
 
 def test_host_cost_runs_on_cpu_with_the_launch_stubbed():

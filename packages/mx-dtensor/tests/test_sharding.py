@@ -39,7 +39,8 @@ def _inputs(name: str):
 
 
 def _call(op: str, fmt: str, tensors):
-    kw = dict(block_size=32)
+    op, _, overload = op.partition(" ")  # "<op> inline": the op's inline overload
+    kw = dict(block_size=32, **({"inline": True} if overload == "inline" else {}))
     if op == "dequantize_rowwise":
         return (mk.dequantize_rowwise(*tensors, fmt, out_dtype=torch.float32, **kw),)
     if op == "scaled_mm":
@@ -56,7 +57,7 @@ def _case_tensors(op: str, fmt: str):
         a = mk.quantize_rowwise(_inputs("x2"), fmt)
         b = mk.quantize_rowwise(_inputs("b2"), fmt)
         return [*a, *b]
-    return [_inputs("x3" if op.endswith("rowwise") else "x2")]
+    return [_inputs("x3" if op.split(" ")[0].endswith("rowwise") else "x2")]
 
 
 # (op, fmt, placements of each input per mesh dim). dequantize and scaled_mm give the
@@ -69,6 +70,8 @@ def _ok_cases(mesh_ndim: int):
     if mesh_ndim == 1:
         cases = [(op, "fp8_e4m3", [p]) for op in ROWWISE for p in (R_, 0, 1, 2)]
         cases += [(op, "fp8_e4m3", [p]) for op in TWO_D for p in (R_, 0, 1)]
+        cases += [("fake_quantize_both inline", "fp8_e4m3", [p]) for p in (0, 1)]
+        cases += [("fake_quantize_rowwise inline", "fp8_e4m3", [2])]
         cases += [("quantize_rowwise", "fp4_e2m1", [2]), ("quantize_colwise", "fp4_e2m1", [0])]
         cases += [("quantize_both", "fp4_e2m1", [p]) for p in (0, 1)]
         cases += [("dequantize_rowwise", f, [p]) for f in ("fp8_e4m3", "fp4_e2m1")
@@ -387,13 +390,15 @@ def test_register_sharding_would_have_redistributed(results):
 def test_every_mx_op_has_a_rule():
     # Every op registered in the mx namespace (mx_kernels is imported above).
     all_ops = torch._C._dispatch_get_all_op_names()
-    names = {n.removeprefix("mx::") for n in all_ops if n.startswith("mx::")}
+    overloads = {n.removeprefix("mx::") for n in all_ops if n.startswith("mx::")}
+    names = {n.split(".")[0] for n in overloads}
     assert names and names == set(mx_dtensor.MX_OPS)
     from torch.distributed.tensor import DTensor
 
     funcs = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
-    for name in names:
-        assert getattr(torch.ops.mx, name).default in funcs, name
+    for name in overloads:  # the inline overloads of the fake-quantize ops too
+        base, _, overload = name.partition(".")
+        assert getattr(getattr(torch.ops.mx, base), overload or "default") in funcs, name
 
 
 def test_local_sizes_follow_torch_chunk():

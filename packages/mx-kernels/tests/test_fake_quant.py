@@ -94,9 +94,11 @@ def test_bad_input():
 @pytest.mark.parametrize("op", ["fake_quantize_rowwise", "fake_quantize_colwise",
                                 "fake_quantize_both"])  # fmt: skip
 @pytest.mark.parametrize("backend", ["triton", "reference"])
-def test_opcheck(op, backend):
+@pytest.mark.parametrize("overload", ["default", "inline"])
+def test_opcheck(op, backend, overload):
     x = _data((64, 64), torch.bfloat16)
-    torch.library.opcheck(getattr(torch.ops.mx, op), (x, "fp8_e4m3", 32, "rceil", backend))
+    fn = getattr(getattr(torch.ops.mx, op), overload)
+    torch.library.opcheck(fn, (x, "fp8_e4m3", 32, "rceil", backend))
 
 
 def test_compiles_without_graph_breaks():

@@ -108,11 +108,13 @@ def test_compiled_layers_sharing_an_input_hold_one_cast_per_orientation():
     loss(x).backward()
     assert len(graphs) == 2  # forward, backward
     ops = graphs[0] + graphs[1]
-    # x's cast (both ways, in forward) once for the three layers, three weights and three
-    # dY; the partitioner may recompute weight casts rather than save them.
-    assert ops.count("mx.fake_quantize_rowwise.default") == 0
-    assert ops.count("mx.fake_quantize_colwise.default") == 0
-    assert ops.count("mx.fake_quantize_both.default") in (7, 10)
+    # x's cast (both ways, in forward) once for the three layers; three weights and
+    # three dY through the inline overload (on CPU an op: the CUDA kernel it becomes on
+    # a GPU is not merged); the partitioner may recompute weight casts rather than save
+    # them.
+    assert not [op for op in ops if "fake_quantize_rowwise" in op or "colwise" in op]
+    assert ops.count("mx.fake_quantize_both.default") == 1
+    assert ops.count("mx.fake_quantize_both.inline") in (6, 9)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -25,7 +25,8 @@ op                         input on a mesh dim     outputs on that mesh dim
 =========================  ======================  ==========================================
 
 (``quantize_both``'s s_row and both colwise ops' scales are the ops' contiguous
-buffers; the public functions return their transposes, which DTensor's ``t()`` maps.)
+buffers; the public functions return their transposes, which DTensor's ``t()`` maps.
+The fake-quantize ops' ``inline`` overloads have their default overload's rule.)
 
 One aten op MXLinear reaches has no DTensor rule in torch 2.11-2.13 and gets the same
 kind of rule here: ``aten.mm.dtype`` (``mx_kernels.bf16_gemm`` on CUDA when the result
@@ -74,7 +75,8 @@ MX_OPS: tuple[str, ...] = (
     "dequantize_rowwise",
     "scaled_mm",
 )
-"""Names of the ``torch.ops.mx`` ops that have a rule here (every op of mx-kernels)."""
+"""Names of the ``torch.ops.mx`` ops that have a rule here (every op of mx-kernels, each
+overload: the fake-quantize ops' ``inline`` ones too)."""
 
 _GEMM_BLOCK = 32
 
@@ -367,7 +369,9 @@ def _register(op, name: str, rule: Callable, static_argnum: int) -> None:
 
 
 for _name, _rule in _CAST_RULES.items():
-    _register(getattr(torch.ops.mx, _name).default, f"mx::{_name}", _rule, static_argnum=1)
+    _packet = getattr(torch.ops.mx, _name)
+    for _overload in _packet.overloads():  # the fake-quantize ops' "inline" too
+        _register(getattr(_packet, _overload), f"mx::{_name}", _rule, static_argnum=1)
 _register(torch.ops.mx.dequantize_rowwise.default, "mx::dequantize_rowwise", _dequantize_rule, 2)
 _register(torch.ops.mx.scaled_mm.default, "mx::scaled_mm", _scaled_mm_rule, static_argnum=2)
 

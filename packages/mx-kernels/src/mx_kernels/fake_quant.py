@@ -8,6 +8,9 @@ returns both from one read. This is the sm90 path of an MX linear layer: where t
 GEMM is a bf16 GEMM on dequantized operands (``scaled_mm`` design ``dequant_bf16``), the
 cast and the dequantize fuse into one pass that writes bf16 instead of codes, scales and
 then bf16 again. Same kernel, block sizes and backend rules as :mod:`mx_kernels.cast`.
+
+Each op has an ``inline`` overload too (the public functions' ``inline=True``), the same
+cast, which torch.compile launches from its generated code (:mod:`mx_kernels.inline_casts`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 import mx_core
 from mx_kernels.cast import _CAST_ARGS
 from mx_kernels.cast_plan import REFERENCES, check_args, plan_for
+from mx_kernels.inline_casts import register_inline
 from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["fake_quantize_both", "fake_quantize_colwise", "fake_quantize_rowwise"]
@@ -62,6 +66,32 @@ FAKE_QUANTIZE_BOTH = define_op(
     _fake_quantize_both_impl,
     lambda *args: (_like(*args), _like(*args)),
 )
+# Their inline overloads: the same bodies, replaced by their kernel's launch under
+# torch.compile (mx_kernels.inline_casts).
+_INLINE = {
+    FAKE_QUANTIZE_ROWWISE: define_op(
+        f"fake_quantize_rowwise.inline{_CAST_ARGS} -> Tensor", _fake_quantize_rowwise_impl, _like
+    ),
+    FAKE_QUANTIZE_COLWISE: define_op(
+        f"fake_quantize_colwise.inline{_CAST_ARGS} -> Tensor", _fake_quantize_colwise_impl, _like
+    ),
+    FAKE_QUANTIZE_BOTH: define_op(
+        f"fake_quantize_both.inline{_CAST_ARGS} -> (Tensor, Tensor)",
+        _fake_quantize_both_impl,
+        lambda *args: (_like(*args), _like(*args)),
+    ),
+}
+for _default, _inline in _INLINE.items():
+    register_inline(_inline, _default._schema.name.split("::")[1])
+
+
+def _overload(default: torch._ops.OpOverload, inline: bool, fn: str) -> torch._ops.OpOverload:
+    """The overload that public function ``fn`` calls, after checking ``inline``."""
+    if inline is False:
+        return default
+    if inline is True:
+        return _INLINE[default]
+    raise TypeError(f"{fn}: inline must be a bool, got {inline!r}")
 
 
 def fake_quantize_rowwise(
@@ -71,6 +101,7 @@ def fake_quantize_rowwise(
     block_size: int = 32,
     scale_mode: str = "rceil",
     backend: str = "auto",
+    inline: bool = False,
 ) -> torch.Tensor:
     """x's values after an MX cast with blocks along the last dim, in x's dtype.
 
@@ -78,14 +109,20 @@ def fake_quantize_rowwise(
         x: [..., K] fp32/bf16/fp16, K divisible by ``block_size``; any strides.
         fmt, block_size, scale_mode: as :func:`mx_core.quantize`.
         backend: ``"auto"``, ``"triton"`` or ``"reference"`` (see :mod:`mx_kernels.backend`).
+        inline: under torch.compile on CUDA, let the compiler allocate the output and
+            launch the kernel from its generated code instead of calling the op (less
+            host time per call); two inline casts of one tensor are not merged into
+            one, so leave it off for a tensor cast more than once
+            (:mod:`mx_kernels.inline_casts`). The same values either way.
     Returns:
         [..., K] contiguous, x's dtype; equal to
         ``mx_core.quantize(x, fmt, dim=-1, ...).dequantize(x.dtype)``.
     """
+    op = _overload(FAKE_QUANTIZE_ROWWISE, inline, "fake_quantize_rowwise")
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
         return plan_for("fake_quantize_rowwise", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("fake_quantize_rowwise", x, fmt, block_size, scale_mode, backend)
-    return FAKE_QUANTIZE_ROWWISE(x, name, block_size, mode, backend)
+    return op(x, name, block_size, mode, backend)
 
 
 def fake_quantize_colwise(
@@ -95,16 +132,18 @@ def fake_quantize_colwise(
     block_size: int = 32,
     scale_mode: str = "rceil",
     backend: str = "auto",
+    inline: bool = False,
 ) -> torch.Tensor:
     """x [M, K]'s values after an MX cast with blocks along M, in x's dtype and layout.
 
     Returns:
         [M, K] contiguous; equal to ``mx_core.quantize(x, fmt, dim=0, ...).dequantize(x.dtype)``.
     """
+    op = _overload(FAKE_QUANTIZE_COLWISE, inline, "fake_quantize_colwise")
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
         return plan_for("fake_quantize_colwise", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("fake_quantize_colwise", x, fmt, block_size, scale_mode, backend)
-    return FAKE_QUANTIZE_COLWISE(x, name, block_size, mode, backend)
+    return op(x, name, block_size, mode, backend)
 
 
 def fake_quantize_both(
@@ -114,10 +153,12 @@ def fake_quantize_both(
     block_size: int = 32,
     scale_mode: str = "rceil",
     backend: str = "auto",
+    inline: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fake_quantize_rowwise` and :func:`fake_quantize_colwise` of a 2-D x [M, K]
     from one read of x. Returns ``(rowwise [M, K], colwise [M, K])``."""
+    op = _overload(FAKE_QUANTIZE_BOTH, inline, "fake_quantize_both")
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
         return plan_for("fake_quantize_both", True, x, fmt, block_size, scale_mode, backend)(x)
     name, mode = check_args("fake_quantize_both", x, fmt, block_size, scale_mode, backend)
-    return FAKE_QUANTIZE_BOTH(x, name, block_size, mode, backend)
+    return op(x, name, block_size, mode, backend)

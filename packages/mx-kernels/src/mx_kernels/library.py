@@ -32,12 +32,14 @@ _LIB = torch.library.Library("mx", "FRAGMENT")
 
 def define_op(schema: str, impl: Callable, fake: Callable) -> torch._ops.OpOverload:
     """Define ``mx::<schema>`` with ``impl`` for every backend and ``fake`` for meta
-    and fake tensors; returns ``torch.ops.mx.<name>.default``."""
+    and fake tensors; returns ``torch.ops.mx.<name>.<overload>`` (``default`` where the
+    schema's name has no ``.overload``)."""
     name = schema.split("(", 1)[0]
     _LIB.define(schema, tags=(torch.Tag.pt2_compliant_tag,))
     _LIB.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"mx::{name}", fake, lib=_LIB)
-    return getattr(torch.ops.mx, name).default
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.mx, base), overload or "default")
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

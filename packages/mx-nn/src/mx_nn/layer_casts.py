@@ -22,18 +22,24 @@ __all__ = [
 ]  # fmt: skip
 
 
-def config_cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
-    """``fn`` (an mx_kernels cast or fake-quantize) with the config's block, mode, backend."""
+def config_cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool = False):
+    """``fn`` (an mx_kernels cast or fake-quantize) with the config's block, mode, backend.
+    ``inline``: a fake-quantize's inline overload, which torch.compile launches from its
+    generated code, for a tensor no other layer casts (``mx_kernels.inline_casts``)."""
+    if inline:
+        return fn(x, fmt, inline=True, **cast_kwargs(c))
     return fn(x, fmt, **cast_kwargs(c))
 
 
-def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig):
+def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool = False):
     """:func:`config_cast` of the weight, kept while it is unchanged if the config asks. Only
     a Parameter's: a weight converted per step (autocast to another dtype) is new each
     time, and keeping its casts would keep every copy."""
     if not (c.reuse_weight_casts and isinstance(weight, nn.Parameter)):
-        return config_cast(fn, weight, fmt, c)
+        return config_cast(fn, weight, fmt, c, inline)
     site = f"weight {id(weight)}"  # one entry per weight; it holds the weight alive
+    if inline:
+        return cast_shared(site, fn, weight, fmt, inline=True, **cast_kwargs(c))
     return cast_shared(site, fn, weight, fmt, **cast_kwargs(c))
 
 

@@ -40,7 +40,10 @@ Where ``scaled_mm`` would multiply bf16 dequantized operands anyway (its
 fuses each cast with its dequantize (``mx_kernels.fake_quantize_*``) and runs the bf16
 GEMMs on the results: the same values and accumulation, fewer passes over memory. Not
 for fp16 inputs or when the MX casts are saved (``save_mx_activations``). That path casts
-X both ways in forward (one read) and saves the columnwise values instead of X.
+X both ways in forward (one read) and saves the columnwise values instead of X. Under
+torch.compile the weight's and dY's casts, made once per call, are left to the compiler
+to launch (``inline=True``); X's, shared by the layers that read X, stay ops that the
+compiler merges.
 ``MXLinearConfig.compute_path`` forces either path ("mx" or "fake_quant", on any
 device); "auto" decides as above (:mod:`mx_nn.compute_path`, which logs the choice once
 per device).
@@ -178,8 +181,8 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
             if ctx.gathered_weight:  # saved: backward's gather brings the colwise cast
                 wf_row, wf_col = fsdp_gathered.rowwise_dequantized(weight, c), weight
             else:
-                fn = mx_kernels.fake_quantize_both
-                wf_row, wf_col = cast_weight(fn, weight, c.weight_fmt, c)
+                fn = mx_kernels.fake_quantize_both  # inline: W is cast once
+                wf_row, wf_col = cast_weight(fn, weight, c.weight_fmt, c, inline=True)
         y = bf16_gemm(xf, wf_row.t(), x.dtype)
         ctx.input_cast = xf_col is not None  # saved: X cast along M, else X itself
         ctx.save_for_backward(wf_col, x2 if xf_col is None else xf_col)
@@ -197,15 +200,16 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
         if c.hp_weight_grad:
             if ctx.needs_input_grad[1]:
                 grad_w = (dy.t() @ saved_x.to(dy.dtype)).to(ctx.w_dtype)
-            dyf = config_cast(mx_kernels.fake_quantize_rowwise, dy, c.grad_output_fmt, c)
+            fn = mx_kernels.fake_quantize_rowwise  # inline: dY is cast once
+            dyf = config_cast(fn, dy, c.grad_output_fmt, c, inline=True)
         else:
             casts = ctx.casts and ctx.casts.grad_output(dy)
             if casts is not None:
                 dyf, dyf_col = casts
             else:
                 dy_pad = pad_rows(dy, c.block_size)  # colwise blocks run along M
-                fn = mx_kernels.fake_quantize_both
-                dyf, dyf_col = config_cast(fn, dy_pad, c.grad_output_fmt, c)
+                fn = mx_kernels.fake_quantize_both  # inline: dY is cast once
+                dyf, dyf_col = config_cast(fn, dy_pad, c.grad_output_fmt, c, inline=True)
                 if dy_pad is not dy:
                     dyf = dyf[: dy.shape[0]]
             if ctx.needs_input_grad[1]:
