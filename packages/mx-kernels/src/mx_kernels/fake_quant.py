@@ -55,6 +55,10 @@ def _like(x, fmt, block_size, scale_mode, backend):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _like_both(*args):
+    return _like(*args), _like(*args)
+
+
 FAKE_QUANTIZE_ROWWISE = define_op(
     f"fake_quantize_rowwise{_CAST_ARGS} -> Tensor", _fake_quantize_rowwise_impl, _like
 )
@@ -64,7 +68,7 @@ FAKE_QUANTIZE_COLWISE = define_op(
 FAKE_QUANTIZE_BOTH = define_op(
     f"fake_quantize_both{_CAST_ARGS} -> (Tensor, Tensor)",
     _fake_quantize_both_impl,
-    lambda *args: (_like(*args), _like(*args)),
+    _like_both,
 )
 # Their inline overloads: the same bodies, replaced by their kernel's launch under
 # torch.compile (mx_kernels.inline_casts).
@@ -78,7 +82,7 @@ _INLINE = {
     FAKE_QUANTIZE_BOTH: define_op(
         f"fake_quantize_both.inline{_CAST_ARGS} -> (Tensor, Tensor)",
         _fake_quantize_both_impl,
-        lambda *args: (_like(*args), _like(*args)),
+        _like_both,
     ),
 }
 for _default, _inline in _INLINE.items():
