@@ -59,8 +59,12 @@ def test_console_script_on_a_small_file(tmp_path, tiny):
 
 def test_default_shape_mxfp8_within_2_percent_of_bf16(tmp_path, capsys):
     """The no-argument run's model, batch and recipe (mxfp8 against bf16, --compare on by
-    default), shortened from 300 to 40 steps for CI."""
-    assert main(["--steps", "40", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    default), shortened from 300 to 100 steps for CI. Not fewer: at 40 steps both runs are
+    still in the steep part of the curve, where a few steps' lag is a 2% gap: on a CPU
+    without AVX512-BF16 (other bf16 matmul kernels than where this test was written) seeds
+    0, 1 and 2 read +2.58%, -0.01% and +0.45% there, and seeds 0 and 1 read -0.09% and
+    +0.28% at 100 steps."""
+    assert main(["--steps", "100", "--device", "cpu", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "summary.json").read_text())["runs"]
     bf16, mx = rows
     assert (bf16["recipe"], mx["recipe"]) == ("bf16", "mxfp8")
