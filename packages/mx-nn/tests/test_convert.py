@@ -1,5 +1,6 @@
 import logging
 
+import pytest
 import torch
 from torch import nn
 
@@ -56,3 +57,99 @@ def test_root_linear_and_config_objects():
     lin = nn.Linear(64, 64)
     new = mx_nn.convert(lin, config)
     assert isinstance(new, MXLinear) and new.config is config and new.weight is lin.weight
+
+
+def _snapshot(model: nn.Module) -> tuple:
+    """Module types by fqn and the state_dict, to compare a model before and after."""
+    types = [(fqn, type(m)) for fqn, m in model.named_modules()]
+    return types, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _unchanged(model: nn.Module, snapshot: tuple) -> bool:
+    types, sd = _snapshot(model)
+    return types == snapshot[0] and all(torch.equal(sd[k], snapshot[1][k]) for k in sd)
+
+
+@pytest.mark.parametrize("model", ["hello", None, 3, torch.zeros(2)])
+def test_model_not_a_module_is_a_type_error(model):
+    with pytest.raises(
+        TypeError, match=r"model must be a torch.nn.Module, got .*\((str|NoneType|int|Tensor)\)"
+    ):
+        mx_nn.convert(model)
+
+
+@pytest.mark.parametrize("recipe", [8, None, ("mxfp8",), mx_nn.MXLinearConfig])
+def test_recipe_of_another_type_is_a_type_error(recipe):
+    model = _model()
+    before = _snapshot(model)
+    with pytest.raises(TypeError, match="recipe_or_config must be a recipe name .* got "):
+        mx_nn.convert(model, recipe)
+    assert _unchanged(model, before)
+
+
+def test_unknown_recipe_lists_the_recipes():
+    with pytest.raises(ValueError, match="recipe='mxfp9' is not a recipe; allowed: mxfp8, "):
+        mx_nn.convert(_model(), "mxfp9")
+
+
+def test_filter_fn_not_callable_or_not_returning_a_bool_is_refused_before_any_swap():
+    model = _model()
+    before = _snapshot(model)
+    with pytest.raises(TypeError, match="filter_fn must be a callable .* got '0'"):
+        mx_nn.convert(model, filter_fn="0")
+    # A filter that forgets to return would keep every layer without a word.
+    with pytest.raises(TypeError, match="filter_fn must return a bool, returned None for '0'"):
+        mx_nn.convert(model, filter_fn=lambda module, fqn: None)
+    assert _unchanged(model, before)
+
+
+def test_converting_again_with_another_config_is_refused_naming_layers_and_configs():
+    model = mx_nn.convert(_model(), "mxfp8")
+    first = model[0]
+    before = _snapshot(model)
+    with pytest.raises(ValueError) as info:
+        mx_nn.convert(model, "mxfp8_floor")
+    msg = str(info.value)
+    assert "2 layer(s) are already MXLinear with another config" in msg
+    assert "'0', '2.0' have MXLinearConfig(" in msg
+    assert "scale_mode='rceil' (requested 'floor')" in msg
+    assert "requested MXLinearConfig(" in msg and "scale_mode='floor'" in msg
+    assert _unchanged(model, before) and model[0] is first
+    assert model[0].config == mx_nn.MXLinearConfig.from_recipe("mxfp8")
+    # The same config again (as a recipe or as an equal object) changes nothing.
+    mx_nn.convert(model, "mxfp8")
+    mx_nn.convert(model, mx_nn.MXLinearConfig())
+    assert model[0] is first and _unchanged(model, before)
+
+
+def test_converting_again_leaves_out_the_layers_filter_fn_keeps():
+    model = mx_nn.convert(_model(), "mxfp8", filter_fn=lambda module, fqn: fqn != "0")
+    first = model[2][0]
+    mx_nn.convert(model, "mxfp4", filter_fn=lambda module, fqn: fqn != "2.0")
+    assert model[0].config == mx_nn.MXLinearConfig.from_recipe("mxfp4")
+    assert model[2][0] is first and first.config == mx_nn.MXLinearConfig.from_recipe("mxfp8")
+
+
+def test_refused_root_mxlinear_of_another_config():
+    layer = mx_nn.convert(nn.Linear(64, 64), "mxfp8")
+    with pytest.raises(ValueError, match="'<root>' have MXLinearConfig"):
+        mx_nn.convert(layer, "mxfp6")
+    assert mx_nn.convert(layer, "mxfp8") is layer
+
+
+def test_linear_with_hooks_is_refused_before_any_swap():
+    model = _model()
+    model[2][0].register_forward_hook(lambda module, args, out: out * 2)
+    before = _snapshot(model)
+    with pytest.raises(ValueError, match="cannot swap 2.0: it has forward hooks"):
+        mx_nn.convert(model)
+    assert _unchanged(model, before)  # model[0] (no hooks) was not swapped either
+    mx_nn.convert(model, filter_fn=lambda module, fqn: fqn != "2.0")
+    assert isinstance(model[0], MXLinear) and type(model[2][0]) is nn.Linear
+
+
+def test_a_linear_reached_twice_becomes_one_mxlinear():
+    shared = nn.Linear(64, 64)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    mx_nn.convert(model)
+    assert isinstance(model[0], MXLinear) and model[0] is model[2]
