@@ -77,12 +77,13 @@ def _worker(rank: int, world: int) -> dict:
 def test_linears_take_the_gathered_cast():
     for r in spawn(_worker, 2):
         # Either path casts x both ways in forward, unless a gather handed it the
-        # rowwise cast (then x is cast along M in backward).
-        for path, site in (("mx", "quantize_both"), ("fake_quant", "fake_quantize_both")):
+        # rowwise cast (then x is cast along M alone, still in forward).
+        for path, prefix in (("mx", ""), ("fake_quant", "fake_")):
             bf16, mx, other = (r[path, n] for n in ("bf16", "mx", "mx, another cast"))
-            one_cast = [(site, (BATCH * SEQ, DIM))]
+            one_cast = [(f"{prefix}quantize_both", (BATCH * SEQ, DIM))]
             assert bf16["linear casts"] == one_cast, path  # shared by q, k and v
-            assert mx["linear casts"] == [], path  # handed over by the gather
+            # The rowwise cast handed over by the gather; the columnwise one shared.
+            assert mx["linear casts"] == [(f"{prefix}quantize_colwise", (BATCH * SEQ, DIM))]
             assert other["linear casts"] == one_cast, path  # the primed key did not match
             for a, b in zip(mx["ys"], bf16["ys"], strict=True):
                 assert torch.equal(a, b), path

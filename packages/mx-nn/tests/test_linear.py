@@ -6,6 +6,7 @@ from torch import nn
 
 import mx_core
 import mx_kernels
+import mx_nn
 from mx_core.testing import sqnr_db
 from mx_nn import MXLinear, MXLinearConfig
 
@@ -170,3 +171,38 @@ def test_dims_must_be_multiples_of_block_size():
         MXLinear(48, 64)
     with pytest.raises(ValueError, match="block_size=32"):
         MXLinear.from_linear(nn.Linear(64, 40))
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "error", "match"),
+    [
+        (
+            (4, 33),
+            torch.float32,
+            ValueError,
+            r"input of shape \(4, 33\) must be \[\.\.\., in_features=64\]",
+        ),
+        ((4, 96), torch.float32, ValueError, r"input of shape \(4, 96\)"),
+        ((), torch.float32, ValueError, r"input of shape \(\)"),
+        ((4, 64), torch.int64, TypeError, "input dtype torch.int64"),
+        ((4, 64), torch.float64, TypeError, "input dtype torch.float64"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_layer(shape, dtype, error, match):
+    model = mx_nn.convert(nn.Sequential(nn.Linear(64, 64)), "mxfp8")
+    x = torch.zeros(shape, dtype=dtype)
+    with pytest.raises(error, match=match) as info:
+        model(x)
+    assert "MXLinear '0' (in_features=64, out_features=64)" in str(info.value)
+
+
+def test_config_takes_a_recipe_name_or_refuses_other_types():
+    assert mx_nn.MXLinear(64, 64, config="mxfp4").config == MXLinearConfig.from_recipe("mxfp4")
+    layer = mx_nn.MXLinear.from_linear(nn.Linear(64, 64), config="mxfp8_floor")
+    assert layer.config.scale_mode == "floor"
+    with pytest.raises(ValueError, match="recipe='hello' is not a recipe"):
+        mx_nn.MXLinear(64, 64, config="hello")
+    with pytest.raises(
+        TypeError, match="config must be an MXLinearConfig or a recipe name, got int 3"
+    ):
+        mx_nn.MXLinear(64, 64, config=3)

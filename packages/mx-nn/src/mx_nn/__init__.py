@@ -9,10 +9,11 @@ and FSDP2 parallelism (:mod:`mx_nn.parallelize`, plan in :mod:`mx_nn.tp_plan`);
 (:mod:`mx_nn.fsdp_weight`).
 """
 
+from mx_nn.cast_cache import keep_weight_casts, shared_casts
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.convert import convert
 from mx_nn.fsdp_weight import enable_fsdp_mx_all_gather
-from mx_nn.linear import MXLinear
+from mx_nn.linear import MXLinear, share_input_casts
 from mx_nn.llama import Attention, FeedForward, Llama, LlamaConfig, TransformerBlock
 from mx_nn.parallelize import parallelize
 
@@ -21,3 +22,4 @@ __version__ = "0.1.0"
 __all__ = ["MXLinear", "MXLinearConfig", "MXRecipe", "convert"]
 __all__ += ["Attention", "FeedForward", "Llama", "LlamaConfig", "TransformerBlock"]
 __all__ += ["enable_fsdp_mx_all_gather", "parallelize"]
+__all__ += ["keep_weight_casts", "share_input_casts", "shared_casts"]

@@ -1,89 +1,125 @@
-"""Casts of an input that several MXLinear layers share, computed once.
+"""Casts of one input that several MXLinear layers read, made once: shared only where
+sharing cannot hand out another tensor's cast.
 
 In a decoder block q, k and v read the same normalised activations, and so do the
-MLP's gate and up projections; each layer would cast that input again (forward: the
-rowwise cast; backward: the columnwise cast for dW), and at the per-rank shapes of
-tensor parallelism those casts cost as much as the GEMMs they feed (BENCHMARKS.md,
-2026-12-03 'Host cost per op'). :func:`cast_shared` keeps the last cast made at each
-call site of MXLinear together with the tensor it was made from, and hands it out again
-while the same tensor (same storage, view, dtype and version counter) comes back with
-the same cast arguments. Holding the source tensor keeps its memory from being reused
-by another tensor that could match the key. An in-place change bumps the version
-counter and so misses; writes through ``.data`` bypass the counter and are not seen
-(as everywhere in autograd).
+MLP's gate and up projections; each layer would cast that input again, and at the
+per-rank shapes of tensor parallelism those casts cost as much as the GEMMs they feed
+(BENCHMARKS.md, 2026-12-03 'Host cost per op'). A cast is shared in two places only:
 
-Eager only: under torch.compile the casts are plain ops in the graph, and identical
-calls on one input are merged by the compiler's common-subexpression elimination.
+A cast is shared only within one call of a parent module: ``mx_nn.share_input_casts``
+(which ``convert`` and ``parallelize`` call) gives every module with two or more MXLinear
+children a scope, :func:`add_cast_scope` one module (``parallelize`` adds the modules
+whose input an MX all-gather prepares), ``with shared_casts():`` one block of code. The
+scope opens before the module's other forward pre-hooks and closes when its forward
+returns or raises; a cast made inside it is handed out again only inside it, for the
+same tensor (same storage, view, dtype and version counter) with the same cast
+arguments. Nothing outlives the call: a tensor written between two calls without
+bumping its version counter (``torch.from_numpy`` arrays, ``.data`` writes, shared
+memory) is cast again on the next call, as the plain computation would. An MX gather's
+cast of the tensor it hands the module (:func:`prime_cast`) goes into the open scope
+too; with none open the layers cast the decoded values again (the same values).
+
+Outside a scope every call casts. Inference tensors (``torch.inference_mode``) track
+no version counter, so their casts are never shared. Eager only: under torch.compile the
+casts are plain ops in the graph, and identical calls on one input are merged by the
+compiler's common-subexpression elimination (the scope hooks do nothing there).
+
+:func:`keep_weight_casts` is the opt-in scope for the weights' casts across the
+micro-batches of one gradient-accumulation step.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+import threading
+from collections.abc import Iterator
 
 import torch
+from torch import nn
 from torch.distributed.tensor import DTensor
 
 __all__ = [
-    "cast_shared", "cast_shared_plan", "clear_cast_cache", "has_entry", "peek_cast", "prime_cast",
+    "add_cast_scope", "cast_shared", "cast_shared_plan", "cast_weight_kept", "has_cast_scope",
+    "keep_weight_casts", "peek_cast", "prime_cast", "shared_casts",
+    "weight_casts_kept",
 ]  # fmt: skip
 
-
-class _Entry(NamedTuple):
-    source: torch.Tensor
-    key: tuple
-    out: object
+_HOOKED = "_mx_cast_scope_handles"  # set on modules given scope hooks
 
 
-_ENTRIES: dict[str, _Entry] = {}
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.scopes: list[tuple[int, dict]] = []  # (owner id, site -> entry), innermost last
+        self.weights: dict | None = None  # keep_weight_casts' entries, while it is open
 
 
-def _identity(x: torch.Tensor) -> tuple:
-    """What makes two tensors hold the same values without comparing them."""
+_STATE = _State()
+
+
+def _identity(x: torch.Tensor) -> tuple | None:
+    """What makes two tensors hold the same values without comparing them, or None
+    where that cannot be known (an inference tensor has no version counter)."""
     placements = None
     if isinstance(x, DTensor):
         placements = (x.placements, id(x.device_mesh))
         x = x._local_tensor
+    if x.is_inference():
+        return None
     return (
         x.untyped_storage().data_ptr(), x.storage_offset(), x.shape, x.stride(), x.dtype,
         x.device, x._version, placements,
     )  # fmt: skip
 
 
-def _key(x: torch.Tensor, cast, args: tuple, kwargs: dict) -> tuple:
-    return (_identity(x), cast, args, tuple(sorted(kwargs.items())))
+def _find(site: str, key: tuple):
+    for _, entries in reversed(_STATE.scopes):  # innermost first
+        entry = entries.get(site)
+        if entry is not None and entry[0] == key:
+            return entry[2]
+    return None
+
+
+def _keep(site: str, x: torch.Tensor, key: tuple, out) -> None:
+    """Keep ``out`` in the innermost open scope, if any."""
+    if _STATE.scopes:
+        # x held: its memory cannot be reused by another tensor while the scope is open.
+        _STATE.scopes[-1][1][site] = (key, x, out)
+
+
+def _key(x: torch.Tensor, cast, args: tuple, kwargs: dict) -> tuple | None:
+    ident = _identity(x)
+    return None if ident is None else (ident, cast, args, tuple(sorted(kwargs.items())))
 
 
 def cast_shared(site: str, cast, x: torch.Tensor, *args, **kwargs):
-    """``cast(x, *args, **kwargs)``, or the result of the last call at ``site`` when it
-    was made from the same tensor with the same arguments (see the module doc)."""
+    """``cast(x, *args, **kwargs)``, or the result of the same call at ``site`` made
+    earlier in the same scope from the same tensor (see the module doc)."""
     if torch.compiler.is_compiling():
         return cast(x, *args, **kwargs)
     key = _key(x, cast, args, kwargs)
-    entry = _ENTRIES.get(site)
-    if entry is not None and entry.key == key:
-        return entry.out
-    out = cast(x, *args, **kwargs)
-    _ENTRIES[site] = _Entry(x, key, out)
+    if key is None:
+        return cast(x, *args, **kwargs)
+    out = _find(site, key)
+    if out is None:
+        out = cast(x, *args, **kwargs)
+        _keep(site, x, key, out)
     return out
 
 
 def cast_shared_plan(site: str, plan, x: torch.Tensor):
-    """:func:`cast_shared` of a cast plan (``mx_kernels.cast_plan``): ``plan(x)``, or
-    the last result at ``site`` when it came from the same plan and tensor. The plan
+    """:func:`cast_shared` of a cast plan (``mx_kernels.cast_plan``): ``plan(x)``, or the
+    earlier result at ``site`` in the same scope from the same plan and tensor. The plan
     stands for the cast and all its arguments, so it keys in their place. Eager only,
     as its callers (the plans run only there)."""
-    key = (_identity(x), plan)
-    entry = _ENTRIES.get(site)
-    if entry is not None and entry.key == key:
-        return entry.out
-    out = plan(x)
-    _ENTRIES[site] = _Entry(x, key, out)
+    ident = _identity(x)
+    if ident is None:
+        return plan(x)
+    key = (ident, plan)
+    out = _find(site, key)
+    if out is None:
+        out = plan(x)
+        _keep(site, x, key, out)
     return out
-
-
-def has_entry(site: str) -> bool:
-    """Whether anything is kept at ``site``."""
-    return site in _ENTRIES
 
 
 def peek_cast(site: str, cast, x: torch.Tensor, *args, **kwargs):
@@ -91,21 +127,109 @@ def peek_cast(site: str, cast, x: torch.Tensor, *args, **kwargs):
     casting, or None: nothing is cast or kept. None under torch.compile."""
     if torch.compiler.is_compiling():
         return None
-    entry = _ENTRIES.get(site)
-    if entry is not None and entry.key == _key(x, cast, args, kwargs):
-        return entry.out
-    return None
+    if not _STATE.scopes:
+        return None  # the common case, without building the key
+    key = _key(x, cast, args, kwargs)
+    return None if key is None else _find(site, key)
 
 
 def prime_cast(site: str, cast, x: torch.Tensor, out, *args, **kwargs) -> None:
-    """Make ``out`` what the next ``cast_shared(site, cast, x, *args, **kwargs)`` returns
-    while ``x`` is unchanged: a result of that cast known from elsewhere (an MX gather
-    that made it). No-op under torch.compile, as :func:`cast_shared`."""
+    """Make ``out`` what ``cast_shared(site, cast, x, *args, **kwargs)`` returns in the
+    open scope while ``x`` is unchanged: a result of that cast known from elsewhere (an
+    MX gather that made it). No-op outside a scope, under torch.compile and for
+    inference tensors."""
+    if torch.compiler.is_compiling() or not _STATE.scopes:
+        return
+    key = _key(x, cast, args, kwargs)
+    if key is not None:
+        _keep(site, x, key, out)
+
+
+@contextlib.contextmanager
+def shared_casts() -> Iterator[None]:
+    """A scope in which MXLinear layers reading the same input tensor share its casts
+    (module doc). ``convert`` opens one around each call of a module with two or more
+    MXLinear children; open one by hand around MXLinear layers called elsewhere."""
+    _open(None)
+    try:
+        yield
+    finally:
+        _close(None)
+
+
+def _open(owner) -> None:
+    if not torch.compiler.is_compiling():
+        _STATE.scopes.append((id(owner), {}))
+
+
+def _close(owner) -> None:
     if torch.compiler.is_compiling():
         return
-    _ENTRIES[site] = _Entry(x, _key(x, cast, args, kwargs), out)
+    scopes = _STATE.scopes
+    for i in range(len(scopes) - 1, -1, -1):  # this owner's innermost scope and all above
+        if scopes[i][0] == id(owner):
+            del scopes[i:]
+            return
 
 
-def clear_cast_cache() -> None:
-    """Drop every kept cast and the tensors they were made from."""
-    _ENTRIES.clear()
+def _pre_hook(module: nn.Module, args) -> None:
+    _open(module)
+
+
+def _post_hook(module: nn.Module, args, output) -> None:
+    _close(module)
+
+
+def add_cast_scope(module: nn.Module) -> None:
+    """Give ``module`` a cast scope for each of its calls (module doc): opened before
+    any other forward pre-hook (an MX gather's among them, whenever registered), closed
+    after the forward, whether it returns or raises. Idempotent."""
+    if getattr(module, _HOOKED, None) is None:
+        handles = (
+            module.register_forward_pre_hook(_pre_hook, prepend=True),
+            module.register_forward_hook(_post_hook, always_call=True),
+        )
+        setattr(module, _HOOKED, handles)
+
+
+def has_cast_scope(module: nn.Module) -> bool:
+    """Whether :func:`add_cast_scope` gave ``module`` a scope."""
+    return getattr(module, _HOOKED, None) is not None
+
+
+@contextlib.contextmanager
+def keep_weight_casts() -> Iterator[None]:
+    """Inside, each MXLinear weight (a Parameter) is cast once and its casts reused while
+    it is unchanged (same storage and version counter), for the micro-batches of one
+    gradient-accumulation step; on exit every kept cast is dropped. Eager only. Write
+    no weight inside other than in place (``.data`` writes are not seen); the optimizer
+    step belongs outside. Not nested."""
+    if _STATE.weights is not None:
+        raise RuntimeError("keep_weight_casts() is already open in this thread")
+    _STATE.weights = {}
+    try:
+        yield
+    finally:
+        _STATE.weights = None
+
+
+def weight_casts_kept() -> bool:
+    """Whether :func:`keep_weight_casts` is open in this thread."""
+    return _STATE.weights is not None
+
+
+def cast_weight_kept(cast, weight: torch.Tensor, *args, **kwargs):
+    """``cast(weight, *args, **kwargs)``, kept inside :func:`keep_weight_casts` for a
+    Parameter (a weight converted per call, as under autocast, is new each time)."""
+    kept = _STATE.weights
+    if kept is None or not isinstance(weight, nn.Parameter) or torch.compiler.is_compiling():
+        return cast(weight, *args, **kwargs)
+    key = _key(weight, cast, args, kwargs)
+    if key is None:
+        return cast(weight, *args, **kwargs)
+    entry = kept.get(id(weight))
+    if entry is not None and entry[0] == key:
+        return entry[2]
+    out = cast(weight, *args, **kwargs)
+    kept[id(weight)] = (key, weight, out)
+    return out

@@ -24,6 +24,7 @@ exactly where ``scaled_mm`` would run that design (sm90), else ``"mx"``.
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -77,19 +78,18 @@ class MXLinearConfig:
     """Compute dW = dY^T X in the high-precision dtype instead of MX."""
     save_mx_activations: bool = False
     """Keep X's columnwise MX cast (codes and scales, about half of X's bf16 bytes) for
-    backward in every case: runs the MX path where "auto" would run the fused one (which
-    keeps bf16 values), and also where an MX gather handed the forward its rowwise cast
-    (the MX path otherwise keeps X there, as the cast was not made)."""
+    backward: runs the MX path where "auto" would run the fused one (which keeps
+    bf16 values). The MX path keeps that cast in every case where it computes the MX dW
+    GEMM."""
     compute_path: str = "auto"
     """``"auto"``, ``"mx"`` or ``"fake_quant"`` (module doc). ``"fake_quant"`` runs the
     fused path on any device, CPU included (how CPU tests cover it); it takes no fp16
     input, whose fake-quantized values can leave fp16's range."""
     reuse_weight_casts: bool = False
-    """Keep each weight's casts while the weight is unchanged (same storage and version
-    counter: an optimizer step or ``load_state_dict`` invalidates them), so the
-    micro-batches of gradient accumulation after the first skip them. Eager only. Costs
-    memory: every layer's weight casts stay alive (the fused path keeps two copies of
-    the weight in its dtype). Not for FSDP, whose gathered weights are new each step."""
+    """Deprecated, no effect (a FutureWarning says so): casts kept across calls by a
+    config outlived the step they were made in, and a weight written without bumping
+    its version counter (``.data``) got its old casts. Wrap the micro-batches of one
+    gradient-accumulation step in ``with mx_nn.keep_weight_casts():`` instead."""
 
     def __post_init__(self) -> None:
         for name in ("input_fmt", "weight_fmt", "grad_output_fmt"):
@@ -113,6 +113,13 @@ class MXLinearConfig:
         if self.compute_path not in COMPUTE_PATHS:
             raise ValueError(
                 f"compute_path={self.compute_path!r} is not one of {', '.join(COMPUTE_PATHS)}"
+            )
+        if self.reuse_weight_casts:
+            warnings.warn(
+                "MXLinearConfig(reuse_weight_casts=True) has no effect: wrap the "
+                "micro-batches of one step in `with mx_nn.keep_weight_casts():` instead",
+                FutureWarning,
+                stacklevel=3,
             )
         if self.compute_path == "fake_quant" and self.save_mx_activations:
             raise ValueError(

@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from mx_nn.config import MXLinearConfig, MXRecipe
-from mx_nn.linear import MXLinear
+from mx_nn.linear import MXLinear, share_input_casts
 
 __all__ = ["convert"]
 
@@ -44,6 +44,8 @@ def convert(
     logged by name at INFO on the ``mx_nn`` logger. ``filter_fn(module, fqn)`` returning
     False keeps a layer as it is (it is asked of the MXLinear layers too). Every check
     runs before the first layer is swapped: a refused call leaves ``model`` as it was.
+    Every module with two or more MXLinear children then gets a cast scope, in which the
+    children reading one input share its casts (:func:`mx_nn.share_input_casts`).
 
     Converting again: an MXLinear whose config equals the requested one stays as it is
     (converting twice with one config changes nothing). One with another config is
@@ -127,6 +129,7 @@ def convert(
         if parent is None:
             return new
         setattr(parent, name, new)
+    share_input_casts(model)
     return model
 
 

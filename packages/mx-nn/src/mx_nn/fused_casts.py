@@ -14,8 +14,8 @@ the same kernels and outputs bit for bit.
 Only where calling a plan is indistinguishable from calling the op
 (:func:`mx_kernels.library.may_skip_dispatch`: eager, plain tensors, no dispatch or
 function mode, no profiler) and the layer call is the plain case: the config casts X
-along M (no ``hp_weight_grad``) and not the weight's casts kept across calls
-(``reuse_weight_casts``), rows need no padding, no MX gather handed X's cast over.
+along M (no ``hp_weight_grad``), no weight casts kept across calls
+(``mx_nn.keep_weight_casts``), rows need no padding, no MX gather handed X's cast over.
 Everything else takes the general path, through the public functions.
 """
 
@@ -27,7 +27,7 @@ import mx_kernels
 from mx_core import get_format
 from mx_kernels.cast_plan import CastPlan, plan_for
 from mx_kernels.library import may_skip_dispatch
-from mx_nn.cast_cache import cast_shared_plan, has_entry, peek_cast
+from mx_nn.cast_cache import cast_shared_plan, peek_cast, weight_casts_kept
 from mx_nn.compute_path import cast_kwargs
 from mx_nn.config import MXLinearConfig
 
@@ -56,7 +56,7 @@ class FusedCasts:
 
     def input(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """X's (rowwise, columnwise) fake-quantized values, made once for the layers
-        that read the same X (:mod:`mx_nn.cast_cache`)."""
+        that read the same X within one call of their parent (:mod:`mx_nn.cast_cache`)."""
         return cast_shared_plan(_SITE, self.x_plan, x2)
 
     def weight(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +86,7 @@ def fused_casts(
     general path runs (see the module doc). ``colwise``: backward computes the MX dW."""
     if not (colwise and may_skip_dispatch(x2) and type(weight) in _PLAIN):
         return None
-    if c.reuse_weight_casts or x2.shape[0] % c.block_size or _handed(x2, c):
+    if weight_casts_kept() or x2.shape[0] % c.block_size or _handed(x2, c):
         return None
     key = (id(c), x2.shape, x2.stride(), x2.dtype, x2.device, weight.shape, weight.stride(),
            weight.dtype, weight.device)  # fmt: skip
@@ -102,7 +102,4 @@ def _handed(x2: torch.Tensor, c: MXLinearConfig) -> bool:
     """Whether an MX gather handed X's rowwise cast over (:mod:`mx_nn.gathered_cast`):
     the general path takes it instead of casting."""
     rowwise = mx_kernels.fake_quantize_rowwise
-    site = rowwise.__name__
-    if not has_entry(site):  # the common case, without building the key
-        return False
-    return peek_cast(site, rowwise, x2, c.input_fmt, **cast_kwargs(c)) is not None
+    return peek_cast(rowwise.__name__, rowwise, x2, c.input_fmt, **cast_kwargs(c)) is not None

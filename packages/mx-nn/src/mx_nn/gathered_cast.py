@@ -5,8 +5,10 @@ as its rowwise MX cast and hand the module the decoded values; q/k/v (gate/up) w
 then cast those values rowwise along the same blocks, which gives the same values back
 (mx-dtensor's ``test_recasting_decoded_values_reproduces_them``: every format and scale
 mode). The hook registered here (``mx_dtensor.register_gather_hook``, on ``import
-mx_nn``) primes :mod:`mx_nn.cast_cache` with the result of MXLinear's forward input
-cast of the gathered tensor, so the first linear finds it there and none casts:
+mx_nn``) primes the open cast scope (:mod:`mx_nn.cast_cache`; ``parallelize`` gives
+every module whose input an MX gather prepares a scope) with the result of MXLinear's
+forward input cast of the gathered tensor, so the linears called inside that module
+find it there and none casts:
 
 - fused path (``fake_quantize_rowwise``): the decoded tensor itself;
 - MX path (``quantize_rowwise``): the gathered codes and scales. They decode to the same
@@ -18,8 +20,9 @@ cast of the gathered tensor, so the first linear finds it there and none casts:
 
 The key is the one MXLinear's own call uses (the [M, K] view of the input, the cast,
 its fmt, block size, scale mode and backend): a gather with another cast than the
-linears' primes entries they never match, and they cast as before. Eager only, as the
-cache (under torch.compile the hooks are not called).
+linears' primes entries they never match, and they cast as before; so does a gather
+with no scope open. Eager only, as the cache (under torch.compile the hooks are not
+called).
 """
 
 from __future__ import annotations

@@ -1,18 +1,19 @@
 """MXLinear's casts of its operands: the config's cast arguments, X's casts shared by the
-layers that read X (q/k/v, gate/up: :mod:`mx_nn.cast_cache`) or handed over by an MX
-gather (:mod:`mx_nn.gathered_cast`), the weight's kept across calls where the config
-asks, and rows padded to whole MX blocks where a cast runs along M.
+layers that read X within one call of their parent (q/k/v, gate/up:
+:mod:`mx_nn.cast_cache`) or handed over by an MX gather (:mod:`mx_nn.gathered_cast`),
+the weight's kept across the micro-batches of one step inside
+``mx_nn.keep_weight_casts()``, and rows padded to whole MX blocks where a cast runs
+along M.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.distributed.tensor import DTensor
 
 import mx_kernels
-from mx_nn.cast_cache import cast_shared, peek_cast
+from mx_nn.cast_cache import cast_shared, cast_weight_kept, peek_cast
 from mx_nn.compute_path import cast_kwargs
 from mx_nn.config import MXLinearConfig
 
@@ -32,15 +33,11 @@ def config_cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool =
 
 
 def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool = False):
-    """:func:`config_cast` of the weight, kept while it is unchanged if the config asks. Only
-    a Parameter's: a weight converted per step (autocast to another dtype) is new each
-    time, and keeping its casts would keep every copy."""
-    if not (c.reuse_weight_casts and isinstance(weight, nn.Parameter)):
-        return config_cast(fn, weight, fmt, c, inline)
-    site = f"weight {id(weight)}"  # one entry per weight; it holds the weight alive
+    """:func:`config_cast` of the weight, kept while it is unchanged inside
+    ``mx_nn.keep_weight_casts()`` (:func:`mx_nn.cast_cache.cast_weight_kept`)."""
     if inline:
-        return cast_shared(site, fn, weight, fmt, inline=True, **cast_kwargs(c))
-    return cast_shared(site, fn, weight, fmt, **cast_kwargs(c))
+        return cast_weight_kept(fn, weight, fmt, inline=True, **cast_kwargs(c))
+    return cast_weight_kept(fn, weight, fmt, **cast_kwargs(c))
 
 
 def cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
@@ -76,42 +73,41 @@ def mx_input(
     x2: torch.Tensor, c: MXLinearConfig, colwise: bool
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
     """X [M, K] cast along K (codes, scales), and what backward keeps for dW: where
-    ``colwise`` (the MX dW GEMM will run), X's columnwise cast made from the same read
-    (``quantize_both``, shared by the layers reading X), about half of X's bytes in
-    bf16; else, or where an MX gather handed the rowwise cast over (unless
-    ``save_mx_activations``), X itself. Casting in forward also means the compiler
-    never recomputes X for the cast in backward: Inductor's recompute of an RMSNorm
-    output in backward was seen to differ from the forward's in the last bit."""
+    ``colwise`` (the MX dW GEMM will run), X's columnwise cast (codes, scales; about
+    half of X's bytes in bf16), made from the same read (``quantize_both``, shared by
+    the layers reading X) or, where an MX gather handed the rowwise cast over, alone
+    (``quantize_colwise``, shared too); else X itself. Casting in forward also means the
+    compiler never recomputes X for the cast in backward: Inductor's recompute of an
+    RMSNorm output in backward was seen to differ from the forward's in the last bit."""
     rowwise, fmt = mx_kernels.quantize_rowwise, c.input_fmt
-    if colwise:
-        handed = None
-        if not c.save_mx_activations:
-            handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
-        if handed is None:
-            both = mx_kernels.quantize_both
-            x_q, x_s, xt_q, xt_s = cast_input(both, pad_rows(x2, c.block_size), fmt, c)
-            m = x2.shape[0]
-            return (x_q[:m], x_s[:m]), (xt_q, xt_s)
-        return handed, (x2,)
-    return cast_input(rowwise, x2, fmt, c), (x2,)
+    if not colwise:
+        return cast_input(rowwise, x2, fmt, c), (x2,)
+    handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
+    x_pad = pad_rows(x2, c.block_size)  # colwise blocks run along M
+    if handed is not None:
+        return handed, tuple(cast_input(mx_kernels.quantize_colwise, x_pad, fmt, c))
+    x_q, x_s, xt_q, xt_s = cast_input(mx_kernels.quantize_both, x_pad, fmt, c)
+    m = x2.shape[0]
+    return (x_q[:m], x_s[:m]), (xt_q, xt_s)
 
 
 def fake_quantized_input(
     x2: torch.Tensor, c: MXLinearConfig, colwise: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """X [M, K] fake-quantized along K, and along M where ``colwise`` (the MX dW GEMM
-    will run) and no MX gather handed the rowwise cast over: both from one read of X
-    (``fake_quantize_both``, shared by the layers reading X), the columnwise one
-    saved for backward in place of X. That is one read of X and one launch fewer per
-    step than casting along M in backward (BENCHMARKS.md, 2026-12-05 'TP layer: where
-    the step goes'), and as much memory as saving X, except where something else keeps X
-    alive too (attention's output, which SDPA saves, as o_proj's input)."""
+    will run): both from one read of X (``fake_quantize_both``, shared by the layers
+    reading X) or, where an MX gather handed the rowwise cast over, the columnwise one
+    alone (``fake_quantize_colwise``, shared too); the columnwise one is saved for
+    backward in place of X. That is one read of X and one launch fewer per step than
+    casting along M in backward (BENCHMARKS.md, 2026-12-05 'TP layer: where the step
+    goes'), and as much memory as saving X, except where something else keeps X alive
+    too (attention's output, which SDPA saves, as o_proj's input)."""
     rowwise, fmt = mx_kernels.fake_quantize_rowwise, c.input_fmt
-    if colwise:
-        handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
-        if handed is None:
-            x_pad = pad_rows(x2, c.block_size)  # colwise blocks run along M
-            row, col = cast_input(mx_kernels.fake_quantize_both, x_pad, fmt, c)
-            return (row if x_pad is x2 else row[: x2.shape[0]]), col
-        return handed, None
-    return cast_input(rowwise, x2, fmt, c), None
+    if not colwise:
+        return cast_input(rowwise, x2, fmt, c), None
+    handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
+    x_pad = pad_rows(x2, c.block_size)  # colwise blocks run along M
+    if handed is not None:
+        return handed, cast_input(mx_kernels.fake_quantize_colwise, x_pad, fmt, c)
+    row, col = cast_input(mx_kernels.fake_quantize_both, x_pad, fmt, c)
+    return (row if x_pad is x2 else row[: x2.shape[0]]), col

@@ -10,11 +10,11 @@ dY [M, N]); the cast of a tensor needed in both orientations is one pass
   from forward); dW = scaled_mm(dY^T, X^T) (blocks along M; X's columnwise cast saved
   from forward in place of X) or dY^T X in high precision.
 
-Layers that read the same input tensor (q/k/v, gate/up) share its casts: each cast of
-the input is made once and reused while the tensor is unchanged (:mod:`mx_nn.cast_cache`;
-under torch.compile the compiler merges the identical casts). After an MX all-gather of
-mx-dtensor's styles no layer makes the forward one: the gather's cast is handed over
-(:mod:`mx_nn.gathered_cast`).
+Layers that read the same input tensor (q/k/v, gate/up) share its casts within one
+call of their parent module: each cast of the input is made once there
+(:mod:`mx_nn.cast_cache`; under torch.compile the compiler merges the identical
+casts). After an MX all-gather of mx-dtensor's styles no layer makes the forward one:
+the gather's cast is handed over (:mod:`mx_nn.gathered_cast`).
 
 Rows are padded with zeros to a multiple of the block size where a cast runs along M
 (zeros add nothing to dW). fp6 formats and block sizes other than 32 have no MX GEMM:
@@ -63,12 +63,12 @@ import mx_nn.gathered_cast  # noqa: F401  (MX gathers hand their cast to these l
 from mx_core import MXTensor, get_format
 from mx_kernels.matmul import bf16_gemm
 from mx_nn import fsdp_gathered
+from mx_nn.cast_cache import add_cast_scope
 from mx_nn.compute_path import GEMM_BLOCK, fake_quant_path
-from mx_nn.config import MXLinearConfig
+from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.fused_casts import fused_casts
 from mx_nn.layer_casts import (
     as_rows,
-    cast_input,
     cast_weight,
     config_cast,
     fake_quantized_input,
@@ -78,9 +78,10 @@ from mx_nn.layer_casts import (
 from mx_nn.local_shards import on_local_shards, reduced
 from mx_nn.placements import linear_layout
 
-__all__ = ["MXLinear"]
+__all__ = ["MXLinear", "share_input_casts"]
 
 logger = logging.getLogger("mx_nn")
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the casts take
 _LOGGED: set[tuple[str, str]] = set()  # (why, device) of the emulated GEMMs logged
 # DTensor inputs run as one op on their local shards (mx_nn.local_shards); False
 # dispatches every mx op through DTensor and its sharding rules instead (tests compare
@@ -141,13 +142,7 @@ class _MXLinearFunction(torch.autograd.Function):
             )
             dy_q, dy_s = dy_q[:m], dy_s[:m]
             if ctx.needs_input_grad[1]:
-                if len(saved_x) == 2:  # X's columnwise cast, made in forward
-                    xt_q, xt_s = saved_x
-                else:  # an MX gather handed the forward its rowwise cast: X itself
-                    (x2,) = saved_x
-                    xt_q, xt_s = cast_input(
-                        mx_kernels.quantize_colwise, pad_rows(x2, c.block_size), c.input_fmt, c
-                    )
+                xt_q, xt_s = saved_x  # X's columnwise cast, made in forward
                 grad_w = _gemm(
                     (dyt_q, dyt_s), c.grad_output_fmt, (xt_q, xt_s), c.input_fmt, ctx.w_dtype, c
                 )
@@ -184,7 +179,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
                 fn = mx_kernels.fake_quantize_both  # inline: W is cast once
                 wf_row, wf_col = cast_weight(fn, weight, c.weight_fmt, c, inline=True)
         y = bf16_gemm(xf, wf_row.t(), x.dtype)
-        ctx.input_cast = xf_col is not None  # saved: X cast along M, else X itself
+        # Saved: X cast along M where backward computes the MX dW, else X itself.
         ctx.save_for_backward(wf_col, x2 if xf_col is None else xf_col)
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
@@ -212,12 +207,8 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
                 dyf, dyf_col = config_cast(fn, dy_pad, c.grad_output_fmt, c, inline=True)
                 if dy_pad is not dy:
                     dyf = dyf[: dy.shape[0]]
-            if ctx.needs_input_grad[1]:
-                xf_col = saved_x
-                if not ctx.input_cast:  # an MX gather handed the forward its rowwise cast
-                    x_pad = pad_rows(saved_x, c.block_size)
-                    xf_col = cast_input(mx_kernels.fake_quantize_colwise, x_pad, c.input_fmt, c)
-                grad_w = bf16_gemm(dyf_col.t(), xf_col, ctx.w_dtype)
+            if ctx.needs_input_grad[1]:  # saved_x: X cast along M in forward
+                grad_w = bf16_gemm(dyf_col.t(), saved_x, ctx.w_dtype)
         if ctx.needs_input_grad[0]:
             grad_x = bf16_gemm(dyf, wf_col, ctx.x_dtype)
             if grad_output.dim() != 2:
@@ -229,8 +220,10 @@ class MXLinear(nn.Linear):
     """``nn.Linear`` computing its three GEMMs in MX (see the module doc).
 
     Same parameters, state_dict keys and dtypes as ``nn.Linear``; ``in_features`` and
-    ``out_features`` must be multiples of ``config.block_size``. Input [..., K] of any
-    rank >= 1 in fp32/bf16/fp16 (under autocast, the autocast dtype); output [..., N].
+    ``out_features`` must be multiples of ``config.block_size``. ``config``: an
+    :class:`MXLinearConfig` or a recipe name (default: the ``mxfp8`` recipe's config).
+    Input [..., K] of any rank >= 1 in fp32/bf16/fp16 (under autocast, the autocast
+    dtype); output [..., N].
     """
 
     def __init__(
@@ -241,10 +234,10 @@ class MXLinear(nn.Linear):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         *,
-        config: MXLinearConfig | None = None,
+        config: MXLinearConfig | str | MXRecipe | None = None,
         fqn: str | None = None,
     ) -> None:
-        config = config or MXLinearConfig()
+        config = _as_config(config)
         _check_dims(in_features, out_features, config)
         super().__init__(in_features, out_features, bias, device, dtype)
         self.config = config
@@ -252,11 +245,15 @@ class MXLinear(nn.Linear):
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, config: MXLinearConfig | None = None, *, fqn: str | None = None
+        cls,
+        linear: nn.Linear,
+        config: MXLinearConfig | str | MXRecipe | None = None,
+        *,
+        fqn: str | None = None,
     ) -> MXLinear:
         """An MXLinear sharing ``linear``'s Parameter objects (no copy). ``fqn``: the
         layer's name in its model, which errors quote (``convert`` passes it)."""
-        config = config or MXLinearConfig()
+        config = _as_config(config)
         _check_dims(linear.in_features, linear.out_features, config)
         new = cls.__new__(cls)
         nn.Module.__init__(new)
@@ -276,12 +273,24 @@ class MXLinear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, weight, device = input, self.weight, input.device
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"{self.layer_name}: input of shape {tuple(x.shape)} must be [..., "
+                f"in_features={self.in_features}]"
+            )
         # Under autocast both operands are cast as F.linear would cast them, and the MX
         # GEMMs run outside it. (Asked of any device first: one call, where asking of
         # this device costs a few.)
         dtype = None
         if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(device.type):
             dtype = torch.get_autocast_dtype(device.type)
+        if not x.is_floating_point() or (
+            dtype is None and (x.dtype not in _DTYPES or weight.dtype not in _DTYPES)
+        ):
+            raise TypeError(
+                f"{self.layer_name}: input dtype {x.dtype} and weight dtype {weight.dtype}; "
+                f"allowed for each: {', '.join(map(str, _DTYPES))} (or run under autocast)"
+            )
         fn = self._function(device, dtype or x.dtype, dtype or weight.dtype)
         # Whether backward will compute dW: forward then prepares X's cast along M
         # (autograd.Function.forward sees requires_grad even under no_grad).
@@ -314,6 +323,19 @@ class MXLinear(nn.Linear):
         return f"{super().extra_repr()}, config={self.config}"
 
 
+def _as_config(config) -> MXLinearConfig:
+    if config is None:
+        return MXLinearConfig()
+    if isinstance(config, MXLinearConfig):
+        return config
+    if isinstance(config, (str, MXRecipe)):
+        return MXLinearConfig.from_recipe(config)
+    raise TypeError(
+        f"MXLinear: config must be an MXLinearConfig or a recipe name, got "
+        f"{type(config).__name__} {config!r}"
+    )
+
+
 def _check_dims(in_features: int, out_features: int, config: MXLinearConfig) -> None:
     bs = config.block_size
     if in_features % bs or out_features % bs:
@@ -321,3 +343,17 @@ def _check_dims(in_features: int, out_features: int, config: MXLinearConfig) -> 
             f"MXLinear needs in_features and out_features divisible by block_size={bs}, "
             f"got in_features={in_features}, out_features={out_features}"
         )
+
+
+def share_input_casts(model: nn.Module) -> int:
+    """Give every module of ``model`` (itself included) with two or more MXLinear
+    children a cast scope (:func:`mx_nn.cast_cache.add_cast_scope`): within each of its
+    calls, the children that read one input tensor share its casts (q/k/v, gate/up).
+    ``convert`` calls it; call it after building a model with MXLinear layers by hand.
+    Idempotent. Returns how many modules have a scope now."""
+    n = 0
+    for module in model.modules():
+        if sum(isinstance(c, MXLinear) for c in module.children()) >= 2:
+            add_cast_scope(module)
+            n += 1
+    return n
