@@ -3,8 +3,8 @@ Llama-style models (the namings and the plan are in :mod:`mx_nn.tp_plan`)."""
 
 from __future__ import annotations
 
-import fnmatch
 import logging
+import reprlib
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -17,7 +17,15 @@ from mx_nn.convert import convert
 from mx_nn.fsdp_check import check_fsdp_mx
 from mx_nn.fsdp_weight import enable_fsdp_mx_all_gather
 from mx_nn.linear import MXLinear
-from mx_nn.tp_plan import NAMINGS, ModelMap, Naming, block_plan, find_model_map, root_plan
+from mx_nn.parallelize_check import (
+    check_flags,
+    check_not_parallelized,
+    check_plan_modules,
+    check_tp_sizes,
+    expand_plan,
+    mark_parallelized,
+)
+from mx_nn.tp_plan import NAMINGS, ModelMap, block_plan, find_model_map, root_plan
 
 __all__ = ["parallelize"]
 
@@ -86,28 +94,58 @@ def parallelize(
         ``model``, with the same state_dict keys (values become DTensors).
 
     Raises:
-        ValueError: a mesh without the needed dims, a model it cannot map (the message
-            lists its linears), a plan pattern matching nothing, head counts or feature
-            sizes not divisible by the TP degree, or MX shards not multiples of the
-            block size, or an ``fsdp_mx_all_gather`` it cannot apply (above). All
-            are checked before the model is changed.
+        TypeError: ``model`` not an ``nn.Module``, ``mesh`` not a DeviceMesh, ``recipe``,
+            ``plan`` or a flag of another type, or a plan style on a module it cannot
+            shard.
+        ValueError: a model parallelized already (by ``parallelize``, ``fully_shard``
+            or ``parallelize_module``: it holds DTensors), a mesh without the needed
+            dims, a model it cannot map (the message lists its linears), a plan pattern
+            matching nothing, a plan without a tensor-parallel mesh dim, ``mx_lm_head``
+            without a recipe, ``compile`` without decoder blocks, head counts or
+            feature sizes not divisible by the TP degree, MX shards not multiples of
+            the block size, an ``fsdp_mx_all_gather`` it cannot apply (above), or what
+            ``mx_nn.convert`` refuses (MXLinear layers of another config). All are
+            checked before the model is changed: a refused call leaves it as it was.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module, got {reprlib.repr(model)} ({type(model).__name__})"
+        )
     tp_mesh, dp_mesh = _split_mesh(mesh)
+    check_not_parallelized(model)
+    check_flags(sequence_parallel=sequence_parallel, mx_comms=mx_comms, mx_lm_head=mx_lm_head,
+                compile=compile, fsdp_mx_all_gather=fsdp_mx_all_gather)  # fmt: skip
     tp = tp_mesh.size() if tp_mesh is not None else 1
     config = None if recipe is None else _config(recipe)
+    if mx_lm_head and config is None:
+        raise ValueError("mx_lm_head=True converts the LM head, but recipe=None converts none")
     model_map = find_model_map(model)
     if tp_mesh is not None and plan is None and model_map is None:
         raise ValueError(_unmapped_message(model))
+    if plan is not None and tp_mesh is None:
+        raise ValueError(
+            f"plan= is a tensor-parallel plan, but mesh_dim_names={mesh.mesh_dim_names} has "
+            f"no tensor-parallel dim (FSDP2 only); leave plan out or add a 'tp' dim"
+        )
+    if compile and model_map is None:
+        raise ValueError(
+            f"compile=True compiles each decoder block, but {type(model).__name__} has none "
+            f"parallelize can find; torch.compile the model after parallelize instead"
+        )
     if tp_mesh is not None and plan is not None:
-        explicit = _expand_plan(model, plan)
+        explicit = expand_plan(model, plan)
+        if tp > 1:
+            check_plan_modules(model, explicit, tp_mesh)
     will_be_mx = _mx_linears_after_convert(model, model_map, config, mx_lm_head)
     sp = sequence_parallel and _sequence_parallel_applies(model_map, plan)
-    if tp_mesh is not None:
-        if plan is None:
-            _check_tp_sizes(model, model_map, tp, will_be_mx, config)
+    if tp_mesh is not None and plan is None:
+        check_tp_sizes(model, model_map, tp, will_be_mx)
     if fsdp_mx_all_gather:
         check_fsdp_mx(model, model_map, will_be_mx, dp_mesh, tp, plan=plan, compile=compile)
-    # All checks passed: from here on the model changes.
+    # All checks passed: from here on the model changes (convert checks all its layers
+    # before it swaps the first). Marked first, so that even a call that fails part way
+    # leaves a model a second call refuses rather than changes again.
+    mark_parallelized(model, mesh)
     # Order: convert first (tensor parallelism shards the MXLinear's own parameters, so
     # the styles see the final module types); tensor parallel next (it replaces
     # parameters by DTensors on "tp", which FSDP2 then shards further on "dp");
@@ -196,30 +234,6 @@ def _unmapped_message(model: nn.Module) -> str:
     )
 
 
-def _expand_plan(model: nn.Module, plan: dict[str, ParallelStyle]) -> dict[str, ParallelStyle]:
-    if not isinstance(plan, dict):
-        raise TypeError(f"plan must be a dict of fqn pattern -> ParallelStyle, got {plan!r}")
-    fqns = [fqn for fqn, _ in model.named_modules() if fqn]
-    out: dict[str, ParallelStyle] = {}
-    for pattern, style in plan.items():
-        if not isinstance(style, ParallelStyle):
-            raise TypeError(f"plan[{pattern!r}] must be a ParallelStyle, got {style!r}")
-        atoms = pattern.split(".")
-        hits = [
-            f
-            for f in fqns
-            if len(parts := f.split(".")) == len(atoms)
-            and all(fnmatch.fnmatchcase(p, a) for p, a in zip(parts, atoms, strict=True))
-        ]
-        if not hits:
-            raise ValueError(
-                f"plan key {pattern!r} matches no module of {type(model).__name__} "
-                f"(its modules include {', '.join(fqns[:12])})"
-            )
-        out.update(dict.fromkeys(hits, style))
-    return out
-
-
 def _mx_linears_after_convert(
     model: nn.Module, model_map: ModelMap | None, config: MXLinearConfig | None, mx_head: bool
 ) -> dict[str, int]:
@@ -249,61 +263,6 @@ def _sequence_parallel_applies(model_map: ModelMap | None, plan) -> bool:
     return False
 
 
-def _heads(attn: nn.Module, q: nn.Linear, k: nn.Linear, fqn: str) -> tuple[int, int]:
-    head_dim = getattr(attn, "head_dim", None)
-    if not isinstance(head_dim, int):
-        n = next((getattr(attn, a) for a in ("n_heads", "num_heads") if hasattr(attn, a)), None)
-        if not isinstance(n, int) or n <= 0:
-            raise ValueError(
-                f"parallelize cannot read the head counts of {fqn}: it has no int head_dim, "
-                f"n_heads or num_heads attribute"
-            )
-        head_dim = q.out_features // n
-    return q.out_features // head_dim, k.out_features // head_dim
-
-
-def _check_tp_sizes(
-    model: nn.Module, model_map: ModelMap, tp: int, mx: dict[str, int], config
-) -> None:
-    n: Naming = model_map.naming
-    split = {  # fqn suffix -> which dim is split across ranks
-        **{f"{n.attention}.{p}": "out_features" for p in n.qkv},
-        f"{n.attention}.{n.out}": "in_features",
-        **{f"{n.mlp}.{p}": "out_features" for p in n.gate_up},
-        f"{n.mlp}.{n.down}": "in_features",
-    }
-    for b in model_map.blocks:
-        attn = model.get_submodule(f"{b}.{n.attention}")
-        q, k = (model.get_submodule(f"{b}.{n.attention}.{p}") for p in n.qkv[:2])
-        heads, kv_heads = _heads(attn, q, k, f"{b}.{n.attention}")
-        if heads % tp or kv_heads % tp:
-            raise ValueError(
-                f"{b}.{n.attention} has {heads} query and {kv_heads} key/value heads: both "
-                f"must be divisible by the tensor-parallel degree tp={tp}"
-            )
-        for suffix, dim in split.items():
-            fqn = f"{b}.{suffix}"
-            _check_split(fqn, dim, getattr(model.get_submodule(fqn), dim), tp, mx.get(fqn))
-    if model_map.embedding is not None:
-        emb = model.get_submodule(model_map.embedding)
-        _check_split(model_map.embedding, "num_embeddings", emb.num_embeddings, tp, None)
-    if model_map.head is not None:
-        head = model.get_submodule(model_map.head)
-        _check_split(model_map.head, "out_features", head.out_features, tp, mx.get(model_map.head))
-
-
-def _check_split(fqn: str, dim: str, size: int, tp: int, block: int | None) -> None:
-    if size % tp:
-        raise ValueError(
-            f"{fqn}.{dim}={size} is not divisible by the tensor-parallel degree tp={tp}"
-        )
-    if block is not None and (size // tp) % block:
-        raise ValueError(
-            f"{fqn}.{dim}={size} splits into shards of {size // tp} at tp={tp}, not a multiple "
-            f"of the MX block size {block}: MX casts need whole blocks per shard"
-        )
-
-
 def _apply_tp(
     model: nn.Module, model_map: ModelMap, tp_mesh: DeviceMesh, sp: bool, mx_comms: bool
 ) -> None:
@@ -313,14 +272,16 @@ def _apply_tp(
         block = model.get_submodule(b)
         styles = block_plan(block, n, sequence_parallel=sp, mx_comms=mx_comms)
         full.update({f"{b}.{k}": v for k, v in styles.items()})
-        attn = block.get_submodule(n.attention)
+    full.update(root_plan(model, model_map, sequence_parallel=sp, mx_comms=mx_comms))
+    parallelize_module(model, tp_mesh, full)
+    # The head counts change last: the forward reads them, the plan does not.
+    for b in model_map.blocks:
+        attn = model.get_submodule(f"{b}.{n.attention}")
         for attr in _HEAD_ATTRS:
             if isinstance(getattr(attn, attr, None), int) and not isinstance(
                 getattr(attn, attr), bool
             ):
                 setattr(attn, attr, getattr(attn, attr) // tp)
-    full.update(root_plan(model, model_map, sequence_parallel=sp, mx_comms=mx_comms))
-    parallelize_module(model, tp_mesh, full)
     if sp and model_map.embedding is not None:
         emb = model.get_submodule(model_map.embedding)
         emb.register_forward_pre_hook(_sequence_check(model_map.embedding, tp))
