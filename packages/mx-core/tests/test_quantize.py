@@ -32,6 +32,8 @@ def test_semantics_table(case):
             assert got == element, mode
         if exponent is None:
             assert t.dequantize(torch.float32).isnan().all()
+        else:  # finite blocks decode to finite values in their own dtype
+            assert t.dequantize().isfinite().all(), mode
         # and the oracle agrees on the whole block
         codes, scale = oracle_quantize(block[None], case.fmt, 32, -1, mode.value)
         ours_codes, ours_scale = _codes_and_scale_bytes(t)
@@ -186,3 +188,21 @@ def test_bad_input(kwargs, exc, message):
     x = kwargs.pop("x")
     with pytest.raises(exc, match=message):
         mx_core.quantize(x, **kwargs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fmt", mx_core.FORMAT_NAMES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_dtype_max_saturates_instead_of_overflowing(dtype, fmt, mode):
+    """A block holding the input dtype's max decodes to +-max_normal * 2^(T - emax), not
+    inf: every mode takes the floor exponent there (mx_core.scale)."""
+    f = mx_core.get_format(fmt)
+    top = mx_core.top_exponent(dtype)
+    x = torch.full((2, 32), torch.finfo(dtype).max, dtype=dtype)
+    x[1] = -x[1]
+    x[:, 1:] /= 3
+    t = mx_core.quantize(x, fmt, scale_mode=mode)
+    assert mx_core.e8m0_to_exponent(t.scale).flatten().tolist() == [top - f.emax] * 2
+    out = t.dequantize()
+    assert out.dtype == dtype and out.isfinite().all()
+    assert out[:, 0].tolist() == [f.max_normal * 2.0 ** (top - f.emax) * s for s in (1, -1)]

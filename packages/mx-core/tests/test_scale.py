@@ -46,6 +46,10 @@ def _oracle_exponent(amax: np.ndarray, fmt: str, mode: str) -> np.ndarray:
         m, ex = np.frexp(a)
         steps = 2.0 ** (f.mbits + 1)
         e = ex - 1 + (np.round(m * steps) == steps) - f.emax
+    # fp32's top: where amax rounded to mbits bits reaches 2^128, the floor exponent.
+    m, ex = np.frexp(a)
+    steps = 2.0 ** (f.mbits + 1)
+    e = np.where(ex - 1 + (np.round(m * steps) == steps) > 127, 127 - f.emax, e)
     return np.clip(e, -127, 127).astype(np.int32)
 
 

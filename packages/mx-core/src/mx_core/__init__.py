@@ -16,6 +16,7 @@ from mx_core.scale import (
     exponent_to_e8m0,
     get_scale_mode,
     scale_exponent,
+    top_exponent,
 )
 from mx_core.tensor import MXTensor
 
@@ -41,6 +42,7 @@ __all__ = [
     "pack_fp6",
     "quantize",
     "scale_exponent",
+    "top_exponent",
     "unpack_fp4",
     "unpack_fp6",
 ]

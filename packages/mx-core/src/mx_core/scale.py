@@ -19,6 +19,16 @@ Every mode clamps ``e`` to [-127, 127]. A zero block (amax 0) gets byte 0; a blo
 NaN or +-Inf gets byte 255. Values that land above ``max_normal`` after scaling
 (floor and even modes) saturate.
 
+At the top of the input dtype's range every mode saturates as the floor mode (the OCP
+spec's conversion) does. With ``T`` the exponent of the dtype's largest power of two
+(127 for fp32 and bf16, 15 for fp16): where amax rounded to ``mbits`` mantissa bits
+reaches 2^(T+1), ``e = T - emax``. The ceil, even and rceil exponents would be one
+more there, and the block's largest element would round up to 2^emax and decode to
+2^(T+1), beyond the dtype (fp32's max in rceil to fp8_e4m3: e = 120, 255.99 rounds to
+256, and 256 * 2^120 is inf). With ``e = T - emax`` it saturates to ``max_normal``
+instead. Only such blocks change: every block whose round trip was finite keeps its
+exponent.
+
 All four are computed exactly from the fp32 bit pattern of amax with integer
 arithmetic, which is how the Triton kernels compute them too: with ``E`` the biased
 exponent field and ``F`` the 23-bit fraction field of fp32(amax),
@@ -29,6 +39,8 @@ exponent field and ``F`` the 23-bit fraction field of fp32(amax),
   ulp of an ``mbits`` mantissa to the bits (a carry means rounding reached the next
   power of two; ties carry under round-half-even too, since the kept bits are all ones)
 - rceil: ``E - 127 - emax + (F > F_max)`` where ``F_max`` is max_normal's fraction field
+- then in every mode ``T - emax`` where ``E' - 127 > T`` (amax rounds up past 2^T's
+  binade; ``E'`` as in the even mode)
 
 fp32 subnormal amax (E = 0) always lands on the clamp, -127, in every mode.
 """
@@ -36,6 +48,7 @@ fp32 subnormal amax (E = 0) always lands on the clamp, -127, in every mode.
 from __future__ import annotations
 
 import enum
+import math
 
 import torch
 
@@ -47,6 +60,7 @@ __all__ = [
     "ScaleMode",
     "get_scale_mode",
     "scale_exponent",
+    "top_exponent",
     "exponent_to_e8m0",
     "e8m0_to_exponent",
     "e8m0_to_float",
@@ -83,31 +97,55 @@ def get_scale_mode(mode: str | ScaleMode, *, arg: str = "scale_mode") -> ScaleMo
         raise ValueError(f"{arg}={mode!r} is not a scale mode; allowed: {allowed}") from None
 
 
+def top_exponent(dtype: torch.dtype) -> int:
+    """``T``, the exponent of the largest power of two of ``dtype`` that the scale math
+    keeps blocks under (see the module doc): 127 for fp32 and bf16, 15 for fp16; at
+    most 127, since amax is read as fp32.
+
+    Raises:
+        TypeError: ``dtype`` is not a floating-point dtype.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"top_exponent: dtype must be a floating-point torch.dtype, got {dtype!r}")
+    return min(math.frexp(torch.finfo(dtype).max)[1] - 1, _E_MAX)
+
+
 def scale_exponent(
     amax: torch.Tensor, fmt: str | ElementFormat, scale_mode: str | ScaleMode
 ) -> torch.Tensor:
     """Unbiased E8M0 exponent ``e`` (int32, clamped to [-127, 127]) of each block amax.
 
     Args:
-        amax: per-block max magnitude, any shape, float dtype (values >= 0). Non-finite
+        amax: per-block max magnitude, any shape, in the input's float dtype (values
+            >= 0): its dtype sets the top of the range (:func:`top_exponent`). Non-finite
             entries give an unspecified exponent: callers mark those blocks NaN.
         fmt: element format.
         scale_mode: one of :class:`ScaleMode`.
     Returns:
         int32 tensor of amax's shape.
+    Raises:
+        TypeError: amax is not a floating-point tensor.
     """
     f = get_format(fmt)
     mode = get_scale_mode(scale_mode)
+    if not isinstance(amax, torch.Tensor) or not amax.dtype.is_floating_point:
+        got = amax.dtype if isinstance(amax, torch.Tensor) else type(amax).__name__
+        raise TypeError(f"scale_exponent: amax must be a floating-point tensor, got {got}")
+    top = top_exponent(amax.dtype)
     bits = amax.to(torch.float32).view(torch.int32)
     fraction = torch.bitwise_and(bits, 0x7FFFFF)
-    if mode is ScaleMode.EVEN:
-        bits = bits + (1 << (23 - f.mbits - 1))
     biased = torch.bitwise_and(torch.bitwise_right_shift(bits, 23), 0xFF)
-    e = biased - (E8M0_BIAS + f.emax)
+    # The exponent of amax rounded to mbits mantissa bits (half an ulp added: a carry
+    # reaches the next power of two).
+    rounded = torch.bitwise_right_shift(bits + (1 << (23 - f.mbits - 1)), 23)
+    rounded = torch.bitwise_and(rounded, 0xFF)
+    e = (rounded if mode is ScaleMode.EVEN else biased) - (E8M0_BIAS + f.emax)
     if mode is ScaleMode.CEIL:
         e = e + (fraction != 0).to(torch.int32)
     elif mode is ScaleMode.RCEIL:
         e = e + (fraction > f.max_normal_mantissa_bits).to(torch.int32)
+    # Saturate where the block would decode past the input dtype (module doc).
+    e = torch.where(rounded > E8M0_BIAS + top, top - f.emax, e)
     return e.clamp(_E_MIN, _E_MAX).to(torch.int32)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mx_core.scale import ScaleMode
+from mx_core.scale import ScaleMode, top_exponent
 
 __all__ = [
     "SEMANTIC_CASES",
@@ -116,24 +116,55 @@ _CASES = [
     _case(_E4, _NAN, _all(None, _NAN), "NaN block: byte 255, data NaN"),
     _case(_E4, _INF, _all(None, _NAN), "+Inf block: byte 255, data NaN"),
     _case(_E4, -_INF, _all(None, _NAN), "-Inf block: byte 255, data NaN"),
+    # The top of the input dtype (mx_core.scale): where amax rounded to mbits bits reaches
+    # 2^(T+1), every mode takes the floor exponent T - emax and the element saturates.
     _case(
         _E4,
         _FP32_MAX,
-        _modes((119, 448.0), (120, 256.0), (120, 256.0), (120, 256.0)),
-        "(2-2^-23)*2^127: floor 511.99 saturates; others e=120, 255.99 -> 256",
+        _all(119, 448.0),
+        "(2-2^-23)*2^127: floor 511.99 saturates; ceil/even/rceil would take e=120, where "
+        "255.99 rounds to 256 and decodes to 2^128 (inf), so they saturate at e=119 too",
     ),
     _case(
         _E4,
         _BF16_MAX,
-        _modes((119, 448.0), (120, 256.0), (120, 256.0), (120, 256.0)),
-        "(2-2^-7)*2^127: floor 510 saturates; others 255 -> 256",
+        _all(119, 448.0),
+        "(2-2^-7)*2^127: e=120 would round 255 to 256 (2^128, inf in bf16): 510 saturates",
         torch.bfloat16,
     ),
     _case(
         _E4,
         _FP16_MAX,
-        _modes((7, 448.0), (8, 256.0), (8, 256.0), (8, 256.0)),
-        "65504=(2-2^-10)*2^15: floor e=7 saturates; others 255.875 -> 256",
+        _all(7, 448.0),
+        "65504=(2-2^-10)*2^15: e=8 would round 255.875 to 256 (2^16, inf in fp16); T=15 "
+        "gives e=7 and 511.75 saturates",
+        torch.float16,
+    ),
+    _case(
+        _E4,
+        1.9375 * 2.0**127,
+        _all(119, 448.0),
+        "1.1111b*2^127 rounds to 2^128 at 3 bits: rceil's 248 would tie to 256; 496 saturates",
+    ),
+    _case(
+        _E4,
+        1.875 * 2.0**127,
+        _modes((119, 448.0), (120, 240.0), (119, 448.0), (120, 240.0)),
+        "1.111b*2^127 stays below 2^128 at 3 bits: ceil/rceil keep e=120 (240*2^120 is finite)",
+    ),
+    _case(_E4, 2.0**127, _all(119, 256.0), "2^127 is exact: e=119 in every mode"),
+    _case(
+        _E4,
+        61440.0,
+        _modes((7, 448.0), (8, 240.0), (7, 448.0), (8, 240.0)),
+        "1.111b*2^15 in fp16: 240*2^8 = 61440 is finite, nothing saturates but floor/even",
+        torch.float16,
+    ),
+    _case(
+        _E4,
+        63488.0,
+        _all(7, 448.0),
+        "1.1111b*2^15 in fp16 rounds to 2^16 at 3 bits: e=7, 496 saturates",
         torch.float16,
     ),
     # fp8_e5m2: emax 15, max 57344 = 1.75 * 2^15; [16384, 32768) spacing 4096.
@@ -150,6 +181,26 @@ _CASES = [
         "1.111b*2^15: even carries; 30720 ties to 32768",
     ),
     _case("fp8_e5m2", _INF, _all(None, _NAN), "Inf block"),
+    _case(
+        "fp8_e5m2",
+        61440.0,
+        _all(0, 57344.0),
+        "1.111b*2^15 in fp16 rounds to 2^16 at 2 bits: e=1 would give 32768*2 (inf in fp16)",
+        torch.float16,
+    ),
+    _case(
+        "fp8_e5m2",
+        _FP32_MAX,
+        _all(112, 57344.0),
+        "at 2 bits amax rounds to 2^128: e=127-15, 65535.99 saturates",
+    ),
+    _case(
+        "fp8_e5m2",
+        _FP16_MAX,
+        _all(0, 57344.0),
+        "65504 rounds to 2^16 at 2 bits: e=15-15, 65504 saturates",
+        torch.float16,
+    ),
     # fp6_e2m3: emax 2, max 7.5 = 1.875 * 4; [2, 4) spacing 0.25.
     _case("fp6_e2m3", 7.5, _modes((0, 7.5), (1, 3.75), (0, 7.5), (0, 7.5)), "exactly max"),
     _case(
@@ -159,6 +210,7 @@ _CASES = [
         "1.1111b*4: even carries; 3.875 ties to 4",
     ),
     _case("fp6_e2m3", _NAN, _all(None, 0.0), "NaN block: byte 255, codes 0 (no NaN code)"),
+    _case("fp6_e2m3", _FP32_MAX, _all(125, 7.5), "e=127-2: 7.99 saturates"),
     # fp6_e3m2: emax 4, max 28 = 1.75 * 16; [8, 16) spacing 2.
     _case("fp6_e3m2", 28.0, _modes((0, 28.0), (1, 14.0), (0, 28.0), (0, 28.0)), "exactly max"),
     _case(
@@ -167,6 +219,7 @@ _CASES = [
         _modes((0, 28.0), (1, 16.0), (1, 16.0), (1, 16.0)),
         "1.111b*16: even carries; 15 ties to 16",
     ),
+    _case("fp6_e3m2", _FP32_MAX, _all(123, 28.0), "e=127-4: 31.99 saturates"),
     # fp4_e2m1: emax 2, max 6 = 1.5 * 4; grid 0, .5, 1, 1.5, 2, 3, 4, 6.
     _case("fp4_e2m1", 6.0, _modes((0, 6.0), (1, 3.0), (0, 6.0), (0, 6.0)), "exactly max"),
     _case(
@@ -184,6 +237,27 @@ _CASES = [
     _case("fp4_e2m1", 7.5, _modes((0, 6.0), (1, 4.0), (1, 4.0), (1, 4.0)), "3.75 -> 4"),
     _case("fp4_e2m1", 8.0, _all(1, 4.0), "2^3: e = 3 - 2 in every mode"),
     _case("fp4_e2m1", -_INF, _all(None, 0.0), "-Inf block: byte 255, codes 0"),
+    _case("fp4_e2m1", -_FP32_MAX, _all(125, -6.0), "e=127-2: -7.99 saturates to -6"),
+    _case(
+        "fp4_e2m1",
+        _BF16_MAX,
+        _all(125, 6.0),
+        "bf16 max rounds to 2^128 at 1 bit",
+        torch.bfloat16,
+    ),
+    _case(
+        "fp4_e2m1",
+        _FP16_MAX,
+        _all(13, 6.0),
+        "fp16 max rounds to 2^16 at 1 bit: e=15-2",
+        torch.float16,
+    ),
+    _case(
+        "fp4_e2m1",
+        1.5 * 2.0**127,
+        _modes((125, 6.0), (126, 3.0), (125, 6.0), (125, 6.0)),
+        "1.1b*2^127 is exact at 1 bit: ceil keeps e=126 (3*2^126 is finite)",
+    ),
 ]
 
 
@@ -194,13 +268,15 @@ def _exact_in(value: float, dtype: torch.dtype) -> bool:
 
 
 def _with_other_dtypes(cases: list[SemanticCase]) -> list[SemanticCase]:
-    """Repeat each fp32 case in bf16 and fp16 where its value is exact there."""
+    """Repeat each fp32 case in bf16 and fp16 where its value is exact there and below
+    the dtype's top binade (whose saturation depends on the dtype: its own cases)."""
     out = list(cases)
     for c in cases:
         if c.dtype != torch.float32:
             continue
         for dtype in (torch.bfloat16, torch.float16):
-            if _exact_in(c.value, dtype):
+            below_top = not math.isfinite(c.value) or abs(c.value) < 2.0 ** top_exponent(dtype)
+            if _exact_in(c.value, dtype) and below_top:
                 out.append(
                     SemanticCase(
                         fmt=c.fmt, value=c.value, dtype=dtype, expected=c.expected, why=c.why
@@ -295,6 +371,12 @@ def oracle_quantize(x: torch.Tensor, fmt: str, block_size: int, dim: int, scale_
             e = ex - 1 + carry - emax
         else:
             raise ValueError(scale_mode)
+        # At the top of x's dtype (2^127, fp16 2^15): amax rounded to mbits bits must stay
+        # below twice that, or the block takes the floor exponent (mx_core.scale).
+        top = 15 if x.dtype == torch.float16 else 127
+        m, ex = np.frexp(safe)
+        past_top = ex - 1 + (np.round(m * 2.0 ** (mbits + 1)) == 2.0 ** (mbits + 1)) > top
+        e = np.where(past_top, top - emax, e)
         e = np.where(amax > 0, e, -127)
         e = np.clip(np.where(finite, e, 0), -127, 127)
         scaled = blocks / np.exp2(e)[..., None]

@@ -79,6 +79,7 @@ def _mx_block_cast(
     BITS: tl.constexpr,
     HW_ROUND: tl.constexpr,
     DEQ: tl.constexpr,
+    TOP: tl.constexpr,
 ):
     """Quantize ``blocks`` (fp32, one MX block along ``AXIS``) -> (codes u8, scale u8),
     or with DEQ -> (the dequantized values, fp32, NaN for a NaN scale; scale u8).
@@ -86,19 +87,26 @@ def _mx_block_cast(
     The scale keeps ``AXIS`` with size 1. EMAX, MBITS, MAX_NORMAL and MAX_FRAC (the fp32
     fraction field of MAX_NORMAL), EMIN (exponent of the smallest normal) and BITS describe
     the element format. HW_ROUND lets the fp32 -> fp8 conversion round (GPUs); otherwise,
-    and always for fp6/fp4, values are rounded in fp32 arithmetic.
+    and always for fp6/fp4, values are rounded in fp32 arithmetic. TOP is the exponent of
+    the input dtype's largest power of two (:func:`mx_core.top_exponent`).
     """
     amax = tl.reduce(tl.abs(blocks), AXIS, _nan_max, keep_dims=True)
     amax_bits = amax.to(tl.int32, bitcast=True)
     biased = (amax_bits >> 23) & 0xFF
     nonfinite = biased == 255
+    # The exponent of amax rounded to MBITS mantissa bits (the even mode's exponent).
+    rounded = ((amax_bits + (1 << (22 - MBITS))) >> 23) & 0xFF
     if MODE == MODE_EVEN:
-        biased = ((amax_bits + (1 << (22 - MBITS))) >> 23) & 0xFF
+        biased = rounded
     e = biased - (127 + EMAX)
     if MODE == MODE_CEIL:
         e += ((amax_bits & 0x7FFFFF) != 0).to(tl.int32)
     if MODE == MODE_RCEIL:
         e += ((amax_bits & 0x7FFFFF) > MAX_FRAC).to(tl.int32)
+    if MODE != MODE_FLOOR:
+        # Where the block would decode past the input dtype, the floor exponent, whose
+        # elements saturate (mx_core.scale; the floor mode never gets there).
+        e = tl.where(rounded > 127 + TOP, TOP - EMAX, e)
     e = tl.minimum(tl.maximum(e, -127), 127)
     scale = tl.where(nonfinite, 255, e + 127).to(tl.uint8)
     # 2^-e from its fp32 bits; only e = 127 would need the subnormal 2^-127.
@@ -237,11 +245,12 @@ def _cast_tile(
     mask = (offs_r[:, None] < M) & (offs_k[None, :] < K)
     x_ptrs = x_ptr + offs_r[:, None] * stride_xm + offs_k[None, :] * stride_xk
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    TOP: tl.constexpr = 15 if x_ptr.dtype.element_ty == tl.float16 else 127  # mx_core.top_exponent
     if ROWWISE:
         blocks = tl.reshape(x, (BLOCK_M, BLOCK_K // BS, BS))
         codes, scale = _mx_block_cast(
-            blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ
-        )
+            blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ, TOP
+        )  # fmt: skip
         if DEQ:
             out_ptrs = q_row_ptr + offs_r[:, None] * K + offs_k[None, :]
             store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask, HW_ROUND)
@@ -268,8 +277,8 @@ def _cast_tile(
         else:
             blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
         codes, scale = _mx_block_cast(
-            blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ
-        )
+            blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ, TOP
+        )  # fmt: skip
         if DEQ:
             out_ptrs = q_col_ptr + offs_m[:, None] * K + offs_k[None, :]
             mask_m = (offs_m[:, None] < M) & (offs_k[None, :] < K)
