@@ -156,6 +156,9 @@ def _refusals_worker(rank: int, world: int) -> dict:
     out["compile without blocks"] = _error(
         lambda: mx_nn.parallelize(seq, tp, plan={"0": ColwiseParallel()}, compile=True)
     )
+    tied = titan_model()
+    tied.output.weight = tied.tok_embeddings.weight  # both [VOCAB, DIM]
+    out["tied weights under tp"] = _refused(tied, again())
     converted = mx_nn.convert(titan_model(), "mxfp8")
     out["recipe other than the model's"] = _refused(converted, again("mxfp4"))
     return out
@@ -204,6 +207,11 @@ def test_refused_calls_leave_the_model_as_it_was():
     assert r["mx_lm_head without a recipe"][0].startswith("ValueError: mx_lm_head=True converts")
     assert r["compile without blocks"].startswith(
         "ValueError: compile=True compiles each decoder block, but Sequential has none"
+    )
+    assert r["tied weights under tp"][0] == (
+        "ValueError: model ties 'tok_embeddings.weight' and 'output.weight' (one Parameter), "
+        "but tensor parallelism (tp=2) shards each module's parameters into a DTensor of its "
+        "own, which would untie them; untie them first (e.g. tie_word_embeddings=False)"
     )
     assert (
         "layer(s) are already MXLinear with another config"

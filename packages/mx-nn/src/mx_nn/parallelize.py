@@ -22,6 +22,7 @@ from mx_nn.parallelize_check import (
     check_not_parallelized,
     check_plan_modules,
     check_tp_sizes,
+    check_untied,
     expand_plan,
     mark_parallelized,
 )
@@ -104,7 +105,8 @@ def parallelize(
             without a recipe, ``compile`` without decoder blocks, head counts or
             feature sizes not divisible by the TP degree, MX shards not multiples of
             the block size, an ``fsdp_mx_all_gather`` it cannot apply (above), or what
-            ``mx_nn.convert`` refuses (MXLinear layers of another config). All are
+            ``mx_nn.convert`` refuses (MXLinear layers of another config), or tied
+            parameters under tensor parallelism (it would untie them). All are
             checked before the model is changed: a refused call leaves it as it was.
     """
     if not isinstance(model, nn.Module):
@@ -116,6 +118,7 @@ def parallelize(
     check_flags(sequence_parallel=sequence_parallel, mx_comms=mx_comms, mx_lm_head=mx_lm_head,
                 compile=compile, fsdp_mx_all_gather=fsdp_mx_all_gather)  # fmt: skip
     tp = tp_mesh.size() if tp_mesh is not None else 1
+    check_untied(model, tp)
     config = None if recipe is None else _config(recipe)
     if mx_lm_head and config is None:
         raise ValueError("mx_lm_head=True converts the LM head, but recipe=None converts none")

@@ -24,6 +24,7 @@ __all__ = [
     "check_not_parallelized",
     "check_plan_modules",
     "check_tp_sizes",
+    "check_untied",
     "expand_plan",
     "mark_parallelized",
 ]
@@ -67,6 +68,28 @@ def check_not_parallelized(model: nn.Module) -> None:
             f"model must not be parallelized yet, but {type(model).__name__} is: {why}. "
             f"parallelize changes a model once, in place (its head counts, parameters and "
             f"hooks); call it on a freshly built model"
+        )
+
+
+def check_untied(model: nn.Module, tp: int) -> None:
+    """Refuse parameters held under two names (tied weights, e.g. a Hugging Face model's
+    ``tie_word_embeddings``) when tensor parallelism runs: each style replaces its own
+    module's parameter by a new DTensor, so the tie would end without an error.
+
+    Raises:
+        ValueError: naming the parameter's names.
+    """
+    if tp == 1:
+        return
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    tied = next((n for n in names.values() if len(n) > 1), None)
+    if tied is not None:
+        raise ValueError(
+            f"model ties {' and '.join(map(repr, tied))} (one Parameter), but tensor "
+            f"parallelism (tp={tp}) shards each module's parameters into a DTensor of its "
+            f"own, which would untie them; untie them first (e.g. tie_word_embeddings=False)"
         )
 
 
