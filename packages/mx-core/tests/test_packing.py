@@ -38,3 +38,46 @@ def test_bad_packing_input():
         mx_core.pack_fp6(torch.zeros(6, dtype=torch.uint8))
     with pytest.raises(TypeError, match="must be uint8"):
         mx_core.pack_fp4(torch.zeros(4))
+
+
+@pytest.mark.parametrize(
+    "call, exc, message",
+    [
+        (
+            lambda: mx_core.pack_fp4(torch.tensor([3, 17], dtype=torch.uint8)),
+            ValueError,
+            r"pack_fp4: codes holds values up to 17; fp4 codes are 0 \.\. 15",
+        ),
+        (
+            lambda: mx_core.pack_fp6(torch.tensor([0, 1, 64, 2], dtype=torch.uint8)),
+            ValueError,
+            r"pack_fp6: codes holds values up to 64; fp6 codes are 0 \.\. 63",
+        ),
+        (
+            lambda: mx_core.pack_fp4(torch.zeros(2, 4, dtype=torch.uint8), True),
+            TypeError,
+            "pack_fp4: dim must be an int, got bool",
+        ),
+        (
+            lambda: mx_core.unpack_fp6(torch.zeros(3, dtype=torch.uint8), 1),
+            ValueError,
+            r"unpack_fp6: dim=1 is out of range for 1 dims \(allowed: -1 \.\. 0\)",
+        ),
+        (
+            lambda: mx_core.unpack_fp4(torch.tensor(7, dtype=torch.uint8)),
+            ValueError,
+            "unpack_fp4: dim=-1: a 0-d tensor has no dim",
+        ),
+    ],
+)
+def test_codes_out_of_range_and_bad_dims_are_refused(call, exc, message):
+    """A code wider than the format would lose its high bits in the packed bytes."""
+    with pytest.raises(exc, match=message):
+        call()
+
+
+def test_packing_every_valid_code_is_exact():
+    codes4 = torch.arange(16, dtype=torch.uint8).repeat(2)
+    assert torch.equal(mx_core.unpack_fp4(mx_core.pack_fp4(codes4)), codes4)
+    codes6 = torch.arange(64, dtype=torch.uint8)
+    assert torch.equal(mx_core.unpack_fp6(mx_core.pack_fp6(codes6)), codes6)

@@ -181,7 +181,14 @@ def test_never_flattens_other_dims():
         ),
         (dict(x=torch.zeros(4, 32), block_size=-32), ValueError, "block_size=-32"),
         (dict(x=torch.zeros(4, 32), block_size=32.0), TypeError, "block_size must be an int"),
-        (dict(x=torch.tensor(1.0)), ValueError, "dim=-1 is out of range"),
+        (
+            dict(x=torch.tensor(1.0)),
+            ValueError,
+            r"x is 0-d \(a scalar, shape \(\)\); MX blocks run along a dim of x",
+        ),
+        (dict(x=torch.zeros(4, 32), block_size=True), TypeError, "block_size must be an int"),
+        (dict(x=torch.zeros(4, 32), dim=True), TypeError, "dim must be an int, got bool"),
+        (dict(x=torch.zeros(4, 32), dim=1.0), TypeError, "dim must be an int, got float"),
     ],
 )
 def test_bad_input(kwargs, exc, message):

@@ -18,11 +18,12 @@ from mx_core.scale import (
     scale_exponent,
     top_exponent,
 )
-from mx_core.tensor import MXTensor
+from mx_core.tensor import DEQUANTIZE_DTYPES, MXTensor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEQUANTIZE_DTYPES",
     "E8M0_BIAS",
     "E8M0_NAN",
     "FORMAT_NAMES",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from mx_core.args import check_dim
+
 __all__ = ["pack_fp4", "unpack_fp4", "pack_fp6", "unpack_fp6", "as_float4_x2"]
 
 
@@ -19,20 +21,41 @@ def _check_codes(codes: torch.Tensor, dim: int, group: int, what: str) -> int:
         raise TypeError(f"{what}: codes must be a torch.Tensor, got {type(codes).__name__}")
     if codes.dtype != torch.uint8:
         raise TypeError(f"{what}: codes must be uint8, got {codes.dtype}")
-    if not -codes.dim() <= dim < codes.dim():
-        raise ValueError(f"{what}: dim={dim} is out of range for a {codes.dim()}-d tensor")
-    d = dim % codes.dim()
+    d = check_dim(what, "dim", dim, codes.dim())
     if codes.shape[d] % group:
         raise ValueError(f"{what}: size {codes.shape[d]} of dim {d} is not a multiple of {group}")
     return d
 
 
+def _check_code_values(codes: torch.Tensor, bits: int, what: str) -> None:
+    # One reduction over the codes (a device sync on GPUs): a code above 2^bits - 1 would
+    # otherwise lose its high bits, and the packed tensor hold another value.
+    top = (1 << bits) - 1
+    if codes.numel() and bool((codes > top).any()):
+        raise ValueError(
+            f"{what}: codes holds values up to {int(codes.max())}; fp{bits} codes are "
+            f"0 .. {top} ({bits} bits: sign, exponent, mantissa)"
+        )
+
+
 def pack_fp4(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Pack uint8 fp4 codes (values 0..15) two per byte along ``dim`` (size halves)."""
+    """Pack uint8 fp4 codes (values 0..15) two per byte along ``dim`` (size halves).
+
+    Raises:
+        TypeError: codes not a uint8 tensor, or dim not an int.
+        ValueError: dim out of range, its size odd, or a code above 15.
+    """
     d = _check_codes(codes, dim, 2, "pack_fp4")
+    _check_code_values(codes, 4, "pack_fp4")
+    return _pack_fp4_unchecked(codes, d)
+
+
+def _pack_fp4_unchecked(codes: torch.Tensor, d: int) -> torch.Tensor:
+    """:func:`pack_fp4` of codes known to be valid (uint8, 0..15, dim ``d`` >= 0 of even
+    size), unchecked: for callers that made the codes themselves (no device sync)."""
     pairs = codes.unflatten(d, (codes.shape[d] // 2, 2))
     low, high = pairs.select(d + 1, 0), pairs.select(d + 1, 1)
-    return torch.bitwise_or(torch.bitwise_and(low, 0xF), torch.bitwise_left_shift(high, 4))
+    return torch.bitwise_or(low, torch.bitwise_left_shift(high, 4))
 
 
 def unpack_fp4(packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -44,10 +67,15 @@ def unpack_fp4(packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def pack_fp6(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Pack uint8 fp6 codes (values 0..63) four in three bytes along ``dim`` (size * 3/4)."""
+    """Pack uint8 fp6 codes (values 0..63) four in three bytes along ``dim`` (size * 3/4).
+
+    Raises:
+        TypeError: codes not a uint8 tensor, or dim not an int.
+        ValueError: dim out of range, its size not a multiple of 4, or a code above 63.
+    """
     d = _check_codes(codes, dim, 4, "pack_fp6")
+    _check_code_values(codes, 6, "pack_fp6")
     c = codes.unflatten(d, (codes.shape[d] // 4, 4)).to(torch.int32)
-    c = torch.bitwise_and(c, 0x3F)
     w = c.select(d + 1, 0)
     for i in (1, 2, 3):
         w = torch.bitwise_or(w, torch.bitwise_left_shift(c.select(d + 1, i), 6 * i))

@@ -10,7 +10,7 @@ import torch
 
 from mx_core import elements
 from mx_core.formats import ElementFormat, get_format
-from mx_core.packing import pack_fp4
+from mx_core.packing import _pack_fp4_unchecked
 from mx_core.scale import ScaleMode, e8m0_to_float, exponent_to_e8m0, get_scale_mode, scale_exponent
 from mx_core.tensor import MXTensor
 
@@ -39,7 +39,12 @@ def check_quantize_args(x: torch.Tensor, block_size: int, dim: int, *, fn: str =
         raise ValueError(f"{fn}: block_size={block_size} must be a positive multiple of 2")
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"{fn}: dim must be an int, got {type(dim).__name__}")
-    if x.dim() == 0 or not -x.dim() <= dim < x.dim():
+    if x.dim() == 0:
+        raise ValueError(
+            f"{fn}: x is 0-d (a scalar, shape ()); MX blocks run along a dim of x, so x "
+            f"needs at least 1 dim (dim={dim} was asked for)"
+        )
+    if not -x.dim() <= dim < x.dim():
         raise ValueError(
             f"{fn}: dim={dim} is out of range for x of shape {tuple(x.shape)} "
             f"(allowed: {-x.dim()} .. {x.dim() - 1})"
@@ -98,7 +103,7 @@ def quantize(
     codes = elements.encode(blocks.to(torch.float32) * inv_scale.unsqueeze(d + 1), f)
     codes = _fill_nonfinite_blocks(codes, nonfinite.unsqueeze(d + 1), f)
     codes = codes.flatten(d, d + 1)
-    qdata = pack_fp4(codes, d) if f.is_packed else codes
+    qdata = _pack_fp4_unchecked(codes, d) if f.is_packed else codes  # codes are 0..15: unchecked
     return MXTensor(
         qdata=qdata, scale=scale, fmt=f.name, block_size=block_size, dim=d, orig_dtype=x.dtype
     )

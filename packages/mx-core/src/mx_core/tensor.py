@@ -18,11 +18,20 @@ from typing import Any
 import torch
 
 from mx_core import elements
+from mx_core.args import check_dim, check_int
 from mx_core.formats import ElementFormat, get_format
 from mx_core.packing import unpack_fp4
 from mx_core.scale import e8m0_to_float
 
-__all__ = ["MXTensor"]
+__all__ = ["DEQUANTIZE_DTYPES", "MXTensor"]
+
+DEQUANTIZE_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+)
+"""Dtypes :meth:`MXTensor.dequantize` decodes to (and ``orig_dtype`` may be)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,6 +50,64 @@ class MXTensor:
     """The blocked dim, non-negative."""
     orig_dtype: torch.dtype
     """dtype of the tensor that was quantized; the default of :meth:`dequantize`."""
+
+    def __post_init__(self) -> None:
+        """Refuse parts that do not make one MX tensor (layout in the module doc).
+
+        Raises:
+            TypeError: qdata or scale not a tensor; a dtype that does not fit; fmt not a
+                str; block_size or dim not an int.
+            ValueError: unknown fmt; block_size not a positive multiple of 2; dim out of
+                range; qdata's and scale's ranks, shapes or devices that do not match.
+        """
+        fn = "MXTensor"
+        for name in ("qdata", "scale"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if not isinstance(self.fmt, str):
+            raise TypeError(f"{fn}: fmt must be a format name (str), got {self.fmt!r}")
+        try:
+            f = get_format(self.fmt)
+        except ValueError as e:
+            raise ValueError(f"{fn}: {e}") from None
+        qdata, scale = self.qdata, self.scale
+        if scale.dtype != torch.float8_e8m0fnu:
+            raise TypeError(f"{fn}: scale has dtype {scale.dtype}; expected torch.float8_e8m0fnu")
+        if qdata.dtype != f.storage_dtype:
+            hint = " (view packed fp4 as torch.uint8)" if f.is_packed else ""
+            raise TypeError(
+                f"{fn}: qdata has dtype {qdata.dtype}; {f.name} codes are stored as "
+                f"{f.storage_dtype}{hint}"
+            )
+        if self.orig_dtype not in DEQUANTIZE_DTYPES:
+            allowed = ", ".join(str(d) for d in DEQUANTIZE_DTYPES)
+            raise TypeError(f"{fn}: orig_dtype={self.orig_dtype!r}; allowed: {allowed}")
+        bs = check_int(fn, "block_size", self.block_size, minimum=1)
+        if bs % 2:
+            raise ValueError(f"{fn}: block_size={bs} must be a positive multiple of 2")
+        if qdata.dim() != scale.dim() or qdata.dim() == 0:
+            raise ValueError(
+                f"{fn}: qdata (shape {tuple(qdata.shape)}) and scale (shape "
+                f"{tuple(scale.shape)}) must have the same number of dims, at least 1"
+            )
+        if check_dim(fn, "dim", self.dim, qdata.dim()) != self.dim:
+            raise ValueError(f"{fn}: dim={self.dim} must be non-negative (the blocked dim)")
+        if qdata.device != scale.device:
+            raise ValueError(f"{fn}: qdata is on {qdata.device} but scale on {scale.device}")
+        # Under torch.compile a branch on a dynamic size leaves a SymInt among an
+        # autograd.Function's outputs, which dynamo asserts on (as in check_quantize_args);
+        # the decoding ops check these sizes themselves there.
+        if torch.compiler.is_compiling():
+            return
+        want = list(scale.shape)
+        want[self.dim] = want[self.dim] * bs // (2 if f.is_packed else 1)
+        if list(qdata.shape) != want:
+            packed = ", two fp4 codes per byte" if f.is_packed else ""
+            raise ValueError(
+                f"{fn}: qdata has shape {tuple(qdata.shape)} but scale {tuple(scale.shape)} "
+                f"with block_size={bs} along dim {self.dim} needs qdata {tuple(want)}{packed}"
+            )
 
     @property
     def format(self) -> ElementFormat:
@@ -72,7 +139,18 @@ class MXTensor:
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Decoded values ``q * 2^e`` computed in fp32, cast to ``dtype`` (default
-        ``orig_dtype``). NaN-scale blocks decode to NaN."""
+        ``orig_dtype``; one of :data:`DEQUANTIZE_DTYPES`). NaN-scale blocks decode to NaN.
+
+        Raises:
+            TypeError: dtype is not a torch.dtype.
+            ValueError: dtype is not one of :data:`DEQUANTIZE_DTYPES` (an integer or fp8
+                dtype would truncate or wrap the values).
+        """
+        if dtype is not None and dtype not in DEQUANTIZE_DTYPES:
+            if not isinstance(dtype, torch.dtype):
+                raise TypeError(f"dequantize: dtype must be a torch.dtype, got {dtype!r}")
+            allowed = ", ".join(str(d) for d in DEQUANTIZE_DTYPES)
+            raise ValueError(f"dequantize: dtype={dtype} is not supported; allowed: {allowed}")
         values = elements.decode(self.codes(), self.format)
         d, nblocks = self.dim, self.scale.shape[self.dim]
         blocks = values.unflatten(d, (nblocks, self.block_size))
@@ -86,10 +164,7 @@ class MXTensor:
     def transpose(self, dim0: int, dim1: int) -> MXTensor:
         """Swap two dims (exact: the blocked dim is tracked, nothing is requantized)."""
         n = self.ndim
-        for name, value in (("dim0", dim0), ("dim1", dim1)):
-            if not -n <= value < n:
-                raise ValueError(f"transpose: {name}={value} is out of range for {n} dims")
-        d0, d1 = dim0 % n, dim1 % n
+        d0, d1 = check_dim("transpose", "dim0", dim0, n), check_dim("transpose", "dim1", dim1, n)
         new_dim = {d0: d1, d1: d0}.get(self.dim, self.dim)
         return replace(
             self,
@@ -101,10 +176,9 @@ class MXTensor:
     def narrow(self, dim: int, start: int, length: int) -> MXTensor:
         """Slice along ``dim`` (exact); along the blocked dim, start and length must be
         multiples of ``block_size``."""
-        n = self.ndim
-        if not -n <= dim < n:
-            raise ValueError(f"narrow: dim={dim} is out of range for {n} dims")
-        d = dim % n
+        d = check_dim("narrow", "dim", dim, self.ndim)
+        check_int("narrow", "start", start)
+        check_int("narrow", "length", length, minimum=0)
         if d != self.dim:
             return replace(
                 self,
@@ -135,7 +209,8 @@ class MXTensor:
             i = key.index(Ellipsis)
             key = key[:i] + (slice(None),) * (n - len(key) + 1) + key[i + 1 :]
         for k in key:
-            if not isinstance(k, (int, slice)):
+            # bool is an int to Python but a mask to torch (it adds a dim)
+            if isinstance(k, bool) or not isinstance(k, (int, slice)):
                 raise TypeError(f"MXTensor indexing takes ints, slices and ..., got {k!r}")
         key = key + (slice(None),) * (n - len(key))
         if len(key) > n:
