@@ -279,6 +279,17 @@ def test_bad_input(call, exc, message):
         call()
 
 
+@pytest.mark.parametrize(
+    "fn",
+    ["quantize_rowwise", "quantize_colwise", "quantize_both"]
+    + ["fake_quantize_rowwise", "fake_quantize_colwise", "fake_quantize_both"],
+)
+@pytest.mark.parametrize("block_size", [True, 32.0, "32"])
+def test_block_size_must_be_an_int_not_a_bool(fn, block_size):
+    with pytest.raises(TypeError, match=f"{fn}: block_size must be an int"):
+        getattr(mx_kernels, fn)(torch.zeros(32, 32), block_size=block_size)
+
+
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 @pytest.mark.parametrize("op", ["quantize_rowwise", "quantize_colwise", "quantize_both"])
 def test_opcheck(op, backend):

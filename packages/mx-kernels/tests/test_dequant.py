@@ -114,6 +114,15 @@ def test_bad_input(kwargs, message):
         mx_kernels.dequantize_rowwise(**args)
 
 
+@pytest.mark.parametrize("block_size", [True, 32.0])
+def test_block_size_must_be_an_int_not_a_bool(block_size):
+    """``block_size=True`` was taken as 1 (a shape error naming block_size=True)."""
+    with pytest.raises(TypeError, match="dequantize_rowwise: block_size must be an int, got"):
+        mx_kernels.dequantize_rowwise(_T.qdata, _T.scale, block_size=block_size)
+    with pytest.raises(ValueError, match="block_size=3 must be a positive multiple of 2"):
+        mx_kernels.dequantize_rowwise(_T.qdata, _T.scale, block_size=3)
+
+
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_opcheck(backend):
     q, s = _T.qdata.view(torch.uint8), _T.scale.view(torch.uint8)

@@ -205,6 +205,25 @@ BAD_ARGS = [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("fp6", ["fp6_e2m3", "fp6_e3m2"])
+def test_fp6_operands_are_named_as_fp6(fp6):
+    """fp6 codes (uint8, one per element) are not read as packed fp4 with a wrong scale
+    shape: the error names the operand, the format and what scaled_mm takes."""
+    a6, b6 = _operands(4, 64, 8, fp6, fp6)
+    a8, b8 = _operands(4, 64, 8, "fp8_e4m3", "fp8_e4m3")
+    why = (
+        r"holds one code per element: fp6 codes \(fp6_e2m3, fp6_e3m2\), which have no MX "
+        r"GEMM\. scaled_mm takes fp8_e4m3, fp8_e5m2 and fp4_e2m1"
+    )
+    for args, operand in (
+        ((a6.qdata, a6.scale, b8.qdata, b8.scale), r"a_q \(uint8 \(4, 64\)\) with a_scale"),
+        ((a8.qdata, a8.scale, b6.qdata, b6.scale), r"b_q \(uint8 \(8, 64\)\) with b_scale"),
+        ((a6.qdata, a6.scale, b6.qdata, b6.scale), r"a_q \(uint8 \(4, 64\)\) with a_scale"),
+    ):
+        with pytest.raises(ValueError, match=rf"scaled_mm: {operand} \(\d+, 2\) {why}"):
+            scaled_mm(*args)
+
+
 @pytest.mark.parametrize("args,kwargs,error,match", BAD_ARGS)
 def test_bad_arguments(args, kwargs, error, match):
     with pytest.raises(error, match=match):

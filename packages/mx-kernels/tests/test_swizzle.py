@@ -46,3 +46,15 @@ def test_bad_input():
         mx_kernels.swizzle_scales(torch.zeros(4, 4))
     with pytest.raises(ValueError, match=r"needs 512"):
         mx_kernels.unswizzle_scales(_e8m0(torch.zeros(100)), (128, 4))
+
+
+def test_sizes_must_be_ints_not_bools():
+    with pytest.raises(TypeError, match="swizzled_shape: rows must be an int, got bool"):
+        mx_kernels.swizzled_shape(True, 4)
+    with pytest.raises(ValueError, match="swizzled_shape: cols=-4 must be >= 0"):
+        mx_kernels.swizzled_shape(128, -4)
+    swizzled = mx_kernels.swizzle_scales(_e8m0(torch.zeros(1, 1)))
+    with pytest.raises(TypeError, match=r"unswizzle_scales: shape\[1\] must be an int, got bool"):
+        mx_kernels.unswizzle_scales(swizzled, (1, True))
+    with pytest.raises(TypeError, match="unswizzle_scales: shape must be \\(rows, cols\\)"):
+        mx_kernels.unswizzle_scales(swizzled, 4)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from mx_core import MXTensor, get_format
+from mx_core.args import check_int
 from mx_kernels.backend import BACKENDS, TRITON_BLOCK_SIZES, resolve_backend_for
 from mx_kernels.library import define_op
 
@@ -47,6 +48,7 @@ def dequantize_rowwise(
     Returns:
         [..., K] in ``out_dtype``, contiguous; equal to ``MXTensor(...).dequantize(out_dtype)``.
     Raises:
+        TypeError: qdata or scale not a tensor, block_size not an int (a bool included).
         ValueError: shapes, dtypes, ``out_dtype`` or ``backend`` not as above (the message
             names the argument).
     """
@@ -66,8 +68,9 @@ def _check(qdata, scale, fmt: str, block_size: int, out_dtype, backend) -> None:
         raise ValueError(f"{fn}: scale has dtype {scale.dtype}; expected torch.float8_e8m0fnu")
     if qdata.dim() == 0:
         raise ValueError(f"{fn}: qdata must have at least one dim, got a scalar")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"{fn}: block_size={block_size!r}; expected a positive int")
+    check_int(fn, "block_size", block_size, minimum=1)  # a bool is refused, not taken as 1
+    if block_size % 2:
+        raise ValueError(f"{fn}: block_size={block_size} must be a positive multiple of 2")
     packed = get_format(fmt).is_packed
     k = qdata.shape[-1] * (2 if packed else 1)
     want = (*qdata.shape[:-1], k // block_size)

@@ -36,8 +36,15 @@ from dataclasses import dataclass
 import torch
 
 from mx_core import MXTensor, get_format
-from mx_kernels.backend import MATMUL_BACKENDS, log_choice, resolve_matmul_backend
+from mx_kernels.backend import log_choice, resolve_matmul_backend
 from mx_kernels.library import define_op
+from mx_kernels.matmul_args import (
+    EXPECTED_DTYPES,
+    FORMATS_BY_DTYPE,
+    MX_BLOCK,
+    OUT_DTYPES,
+    check_scaled_mm_args,
+)
 from mx_kernels.swizzle import swizzle_scales
 
 __all__ = [
@@ -55,19 +62,6 @@ __all__ = [
     "scaled_mm_reference",
 ]
 
-MX_BLOCK = 32
-OUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
-"""Output dtypes of :func:`scaled_mm`."""
-
-_FORMATS = {
-    torch.float8_e4m3fn: "fp8_e4m3",
-    torch.float8_e5m2: "fp8_e5m2",
-    torch.uint8: "fp4_e2m1",
-    torch.float4_e2m1fn_x2: "fp4_e2m1",
-}
-_EXPECTED_DTYPES = (
-    "float8_e4m3fn, float8_e5m2, or fp4_e2m1 packed two per byte (uint8 or float4_e2m1fn_x2)"
-)
 _DESIGN_ENV = "MX_KERNELS_MM_DESIGN"
 DESIGNS: tuple[str, ...] = ("dot_scaled", "fp8_mma", "dequant_bf16")
 """Designs of the ``"triton"`` backend (:mod:`mx_kernels.matmul_triton` describes each)."""
@@ -113,11 +107,11 @@ def scaled_mm(
     """
     if not torch.compiler.is_compiling():  # the op body checks again (see _scaled_mm_op)
         check_scaled_mm_args(a_q, a_scale, b_q, b_scale, out_dtype=out_dtype, backend=backend)
-    elif a_q.dtype not in _FORMATS or b_q.dtype not in _FORMATS:
-        raise TypeError(f"scaled_mm: a_q and b_q must have dtypes {_EXPECTED_DTYPES}")
+    elif a_q.dtype not in FORMATS_BY_DTYPE or b_q.dtype not in FORMATS_BY_DTYPE:
+        raise TypeError(f"scaled_mm: a_q and b_q must have dtypes {EXPECTED_DTYPES}")
     # The op takes uint8 views plus format names: opcheck compares inputs with allclose,
     # which CPU float8 lacks, and gloo refuses float8; the views cost nothing.
-    a_fmt, b_fmt = _FORMATS[a_q.dtype], _FORMATS[b_q.dtype]
+    a_fmt, b_fmt = FORMATS_BY_DTYPE[a_q.dtype], FORMATS_BY_DTYPE[b_q.dtype]
     u8 = torch.uint8
     return SCALED_MM(
         a_q.view(u8), a_scale.view(u8), a_fmt, b_q.view(u8), b_scale.view(u8), b_fmt,
@@ -164,80 +158,6 @@ def bf16_gemm_design(
         "scaled_mm", backend, device, cublas_unsupported=reason, log=False
     )
     return chosen == "triton" and os.environ.get(_DESIGN_ENV, DEFAULT_DESIGN) == "dequant_bf16"
-
-
-def check_scaled_mm_args(
-    a_q: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_q: torch.Tensor,
-    b_scale: torch.Tensor,
-    *,
-    out_dtype: torch.dtype,
-    backend: str,
-) -> tuple[int, int, int]:
-    """Validate :func:`scaled_mm`'s arguments; return the logical ``(M, N, K)``.
-
-    Raises:
-        TypeError, ValueError: as :func:`scaled_mm`.
-    """
-    k_a = _check_operand("a_q", a_q)
-    k_b = _check_operand("b_q", b_q)
-    if k_a != k_b:
-        raise ValueError(
-            f"scaled_mm: a_q [M, K] has K={k_a} but b_q [N, K] has K={k_b}; both must be "
-            "K-major with the same K (pass the weight as [N, K], not transposed)"
-        )
-    if k_a % MX_BLOCK:
-        raise ValueError(f"scaled_mm: K={k_a} (of a_q and b_q) is not a multiple of 32")
-    m, n = a_q.shape[0], b_q.shape[0]
-    _check_scale("a_scale", a_scale, (m, k_a // MX_BLOCK), "M")
-    _check_scale("b_scale", b_scale, (n, k_a // MX_BLOCK), "N")
-    for name, t in (("a_scale", a_scale), ("b_q", b_q), ("b_scale", b_scale)):
-        if t.device != a_q.device:
-            raise ValueError(f"scaled_mm: {name} is on {t.device} but a_q is on {a_q.device}")
-    if not isinstance(out_dtype, torch.dtype):
-        raise TypeError(
-            f"scaled_mm: out_dtype must be a torch.dtype, got {type(out_dtype).__name__}"
-        )
-    if out_dtype not in OUT_DTYPES:
-        allowed = ", ".join(str(d) for d in OUT_DTYPES)
-        raise ValueError(f"scaled_mm: out_dtype={out_dtype} is not supported; allowed: {allowed}")
-    if not isinstance(backend, str):
-        raise TypeError(f"scaled_mm: backend must be a str, got {type(backend).__name__}")
-    if backend not in MATMUL_BACKENDS:
-        raise ValueError(
-            f"scaled_mm: backend={backend!r} is not one of {', '.join(MATMUL_BACKENDS)}"
-        )
-    return m, n, k_a
-
-
-def _check_operand(name: str, q: torch.Tensor) -> int:
-    """Check one element operand; return its logical K."""
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"scaled_mm: {name} must be a torch.Tensor, got {type(q).__name__}")
-    if q.dtype not in _FORMATS:
-        raise TypeError(f"scaled_mm: {name} has dtype {q.dtype}; expected {_EXPECTED_DTYPES}")
-    if q.dim() != 2:
-        raise ValueError(f"scaled_mm: {name} must be 2-D [rows, K], got shape {tuple(q.shape)}")
-    if q.stride(1) != 1:
-        raise ValueError(
-            f"scaled_mm: {name} must be K-major (row-major [rows, K], stride(1) == 1, as "
-            f"nn.Linear holds its weight), got shape {tuple(q.shape)} with strides "
-            f"{q.stride()}; a transposed view is not K-major"
-        )
-    return q.shape[1] * (2 if _FORMATS[q.dtype] == "fp4_e2m1" else 1)
-
-
-def _check_scale(name: str, scale: torch.Tensor, shape: tuple[int, int], rows: str) -> None:
-    if not isinstance(scale, torch.Tensor):
-        raise TypeError(f"scaled_mm: {name} must be a torch.Tensor, got {type(scale).__name__}")
-    if scale.dtype != torch.float8_e8m0fnu:
-        raise TypeError(f"scaled_mm: {name} has dtype {scale.dtype}; expected torch.float8_e8m0fnu")
-    if tuple(scale.shape) != shape:
-        raise ValueError(
-            f"scaled_mm: {name} has shape {tuple(scale.shape)}; expected {shape} = "
-            f"[{rows}, K // 32] (unswizzled, one scale per 32 elements along K)"
-        )
 
 
 def _scaled_mm_impl(
@@ -311,7 +231,7 @@ def scaled_mm_reference(
 
 
 def _dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    fmt = _FORMATS[q.dtype]
+    fmt = FORMATS_BY_DTYPE[q.dtype]
     qdata = q.view(torch.uint8) if fmt == "fp4_e2m1" else q
     t = MXTensor(
         qdata=qdata, scale=scale, fmt=fmt, block_size=MX_BLOCK, dim=1, orig_dtype=torch.float32
@@ -343,7 +263,7 @@ class CublasArgs:
 
 def cublas_unsupported_reason(a_dtype: torch.dtype, b_dtype: torch.dtype, n: int) -> str | None:
     """Why cuBLAS cannot take operands of these storage dtypes and N (None if it can)."""
-    a_fp4, b_fp4 = (_FORMATS.get(d) == "fp4_e2m1" for d in (a_dtype, b_dtype))
+    a_fp4, b_fp4 = (FORMATS_BY_DTYPE.get(d) == "fp4_e2m1" for d in (a_dtype, b_dtype))
     if a_fp4 != b_fp4:
         return "a_q and b_q mix fp4 and fp8, which cuBLAS MX GEMMs do not take"
     if a_dtype == b_dtype == torch.float8_e5m2:
@@ -365,7 +285,7 @@ def prepare_cublas_args(
     if reason is not None:
         raise ValueError(f"scaled_mm(backend='cublas'): {reason}")
     mat_a, mat_b = a_q.contiguous(), b_q.contiguous()
-    if _FORMATS[a_q.dtype] == "fp4_e2m1":
+    if FORMATS_BY_DTYPE[a_q.dtype] == "fp4_e2m1":
         mat_a, mat_b = mat_a.view(torch.float4_e2m1fn_x2), mat_b.view(torch.float4_e2m1fn_x2)
     return CublasArgs(
         mat_a=mat_a,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from mx_core.args import check_int
+
 __all__ = ["swizzle_scales", "unswizzle_scales", "swizzled_shape"]
 
 
@@ -23,7 +25,14 @@ def _ceil_to(n: int, m: int) -> int:
 
 
 def swizzled_shape(rows: int, cols: int) -> tuple[int, int]:
-    """Shape ``[ceil128(rows), ceil4(cols)]`` of the swizzled (padded) scale matrix."""
+    """Shape ``[ceil128(rows), ceil4(cols)]`` of the swizzled (padded) scale matrix.
+
+    Raises:
+        TypeError: rows or cols not an int (a bool included).
+        ValueError: rows or cols negative.
+    """
+    check_int("swizzled_shape", "rows", rows, minimum=0)
+    check_int("swizzled_shape", "cols", cols, minimum=0)
     return _ceil_to(rows, 128), _ceil_to(cols, 4)
 
 
@@ -55,9 +64,17 @@ def unswizzle_scales(swizzled: torch.Tensor, shape: tuple[int, int]) -> torch.Te
     """Inverse of :func:`swizzle_scales`: the ``[R, C]`` = ``shape`` scale matrix.
 
     ``swizzled`` may be flat or of any shape: only its memory order matters.
+
+    Raises:
+        TypeError: swizzled not an E8M0 (or uint8) tensor; shape not two ints.
+        ValueError: a negative size, or swizzled's size not that of ``shape`` swizzled.
     """
     _check_scale(swizzled, "swizzled", two_d=False)
+    if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) != 2:
+        raise TypeError(f"unswizzle_scales: shape must be (rows, cols), got {shape!r}")
     rows, cols = shape
+    check_int("unswizzle_scales", "shape[0]", rows, minimum=0)
+    check_int("unswizzle_scales", "shape[1]", cols, minimum=0)
     rp, cp = swizzled_shape(rows, cols)
     if swizzled.numel() != rp * cp:
         raise ValueError(
