@@ -88,3 +88,37 @@ def test_linears_take_the_gathered_cast():
             for a, b in zip(mx["ys"], bf16["ys"], strict=True):
                 assert torch.equal(a, b), path
             assert bf16["grad"] and mx["grad"]
+
+
+def _parallelized_worker(rank: int, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import mx_nn
+    from mx_kernels.testing import counting_casts
+
+    mesh = init_device_mesh("cpu", (world,))
+    out = {}
+    for path in ("mx", "fake_quant"):
+        torch.manual_seed(0)
+        shape = mx_nn.LlamaConfig(dim=DIM, hidden_dim=320)  # no weight is [M, DIM] per rank
+        model = mx_nn.Llama(shape).to(torch.bfloat16)
+        config = mx_nn.MXLinearConfig.from_recipe("mxfp8", compute_path=path)
+        model = mx_nn.parallelize(model, mesh, recipe=config)
+        tokens = torch.randint(0, 256, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+        with counting_casts() as calls:
+            logits = model(tokens)
+        logits.float().sum().backward()
+        # Forward's casts of the gathered attention and MLP inputs: [M, dim], M all tokens.
+        out[path] = sorted({op for op, shape in calls if shape == (BATCH * SEQ, DIM)})
+        out[path, "count"] = sum(1 for _, shape in calls if shape == (BATCH * SEQ, DIM))
+    return out
+
+
+def test_parallelize_hands_the_gathered_cast_to_the_linears():
+    """Under mx_nn.parallelize (SP, MX gathers) each gathered input of the two blocks'
+    attention and MLP is cast once, along M only: the gather's rowwise cast reaches
+    q/k/v and gate/up through the module's cast scope."""
+    for r in spawn(_parallelized_worker, 2):
+        for path, prefix in (("mx", ""), ("fake_quant", "fake_")):
+            assert r[path] == [f"{prefix}quantize_colwise"], path
+            assert r[path, "count"] == 4, path  # 2 blocks x (attention, MLP)

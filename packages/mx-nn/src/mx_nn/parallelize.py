@@ -12,6 +12,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
+from mx_dtensor import PrepareMXModuleInput
+from mx_nn.cast_cache import add_cast_scope
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.convert import convert
 from mx_nn.fsdp_check import check_fsdp_mx
@@ -165,7 +167,7 @@ def parallelize(
         logger.info("mx_nn.parallelize: tp=1, tensor parallelism left out (plain tensors)")
     elif tp_mesh is not None:
         if plan is not None:
-            parallelize_module(model, tp_mesh, explicit)
+            _apply_plan(model, tp_mesh, explicit)
             logger.info("mx_nn.parallelize: explicit plan, %d modules, tp=%d", len(explicit), tp)
         else:
             _apply_tp(model, model_map, tp_mesh, sp, mx_comms)
@@ -266,6 +268,16 @@ def _sequence_parallel_applies(model_map: ModelMap | None, plan) -> bool:
     return False
 
 
+def _apply_plan(model: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> None:
+    """``parallelize_module`` with ``plan`` (keys: module paths), then a cast scope on each
+    module whose input an MX gather prepares: the gather hands its cast to the linears
+    called inside through that scope (:mod:`mx_nn.gathered_cast`)."""
+    parallelize_module(model, tp_mesh, plan)
+    for fqn, style in plan.items():
+        if isinstance(style, PrepareMXModuleInput):
+            add_cast_scope(model.get_submodule(fqn))
+
+
 def _apply_tp(
     model: nn.Module, model_map: ModelMap, tp_mesh: DeviceMesh, sp: bool, mx_comms: bool
 ) -> None:
@@ -276,7 +288,7 @@ def _apply_tp(
         styles = block_plan(block, n, sequence_parallel=sp, mx_comms=mx_comms)
         full.update({f"{b}.{k}": v for k, v in styles.items()})
     full.update(root_plan(model, model_map, sequence_parallel=sp, mx_comms=mx_comms))
-    parallelize_module(model, tp_mesh, full)
+    _apply_plan(model, tp_mesh, full)
     # The head counts change last: the forward reads them, the plan does not.
     for b in model_map.blocks:
         attn = model.get_submodule(f"{b}.{n.attention}")
