@@ -36,6 +36,8 @@ def test_no_arguments_is_the_default_run():
         (["--device", "tpu"], "--device"),
         (["--device", "nonsense"], "--device"),
         (["--data", "/nonexistent/file.txt"], "--data"),
+        (["--save-every", "-1"], "--save-every"),
+        (["--save-every", "2.5"], "--save-every"),
         (["--bogus"], "--bogus"),
     ],
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import mx_nn
-from mx_nn.train import main
+from mx_nn.train import checkpoint, main
 from mx_nn.train.data import ByteData, load_text
 
 # Head and kv widths that stay multiples of the MX block of 32 on each of two ranks.
@@ -101,9 +101,18 @@ def test_dp2_follows_one_process_and_resumes_bit_exactly(tmp_path):
     out = tmp_path / "interrupted"
     proc = _torchrun(str(INTERRUPT), "1", "13", *argv, "--dp", "2", "--out", str(out))
     assert proc.returncode != 0 and "mxfp8 stopped after step 3" in proc.stdout, proc.stdout
-    assert sorted(p.name for p in (out / "checkpoint").glob("*.distcp")) == [
+    assert sorted(p.name for p in checkpoint.latest(out / "checkpoint").glob("*.distcp")) == [
         "__0_0.distcp", "__1_0.distcp"]  # fmt: skip
     proc = _torchrun(MX_TRAIN, *argv, "--dp", "2", "--out", str(out), "--resume")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "mxfp8 step 4/10" in proc.stdout and "bf16 step" not in proc.stdout
     assert _curves(out) == dp  # every train and held-out loss, bit for bit
+
+    # One changed byte in rank 1's shard: the ranks share the check out, and both refuse.
+    shard = checkpoint.latest(out / "checkpoint") / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(data)
+    proc = _torchrun(MX_TRAIN, *argv, "--dp", "2", "--out", str(out), "--resume")
+    assert proc.returncode != 0 and f"{shard}: sha256" in proc.stderr, proc.stderr[-3000:]
+    assert "is corrupt, so it is not resumed from" in proc.stderr

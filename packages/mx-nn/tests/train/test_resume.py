@@ -4,7 +4,7 @@ import signal
 import pytest
 import torch
 
-from mx_nn.train import loop, main
+from mx_nn.train import checkpoint, loop, main
 
 
 def _curves(out):
@@ -31,7 +31,7 @@ def test_interrupted_and_crashed_runs_resume_bit_exactly(tmp_path, tiny, monkeyp
     out = tmp_path / "interrupted"
     assert main([*argv, "--out", str(out)]) == 130
     assert "bf16 stopped after step 3" in capsys.readouterr().out
-    assert (out / "checkpoint" / ".metadata").is_file()
+    assert (checkpoint.latest(out / "checkpoint") / ".metadata").is_file()
     with pytest.raises(RuntimeError, match="simulated crash"):
         main([*argv, "--out", str(out), "--resume"])
     assert main([*argv, "--out", str(out), "--resume"]) == 0
@@ -53,18 +53,18 @@ def test_resume_with_other_flags_is_refused(tmp_path, tiny, capsys):
 
 
 def test_checkpoint_roundtrip_restores_rng_and_optimizer(tmp_path):
-    from mx_nn.train import checkpoint
-
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
-    checkpoint.save(tmp_path / "ck", model, opt, {"step": 1, "rng": checkpoint.rng_state()})
+    checkpoint.save(
+        tmp_path / "ck", model, opt, {"step": 1, "rng": checkpoint.rng_state()}, tag="step1"
+    )
     expected = torch.rand(3)
     model2 = torch.nn.Linear(4, 4)
     opt2 = torch.optim.AdamW(model2.parameters())
-    state = checkpoint.load(tmp_path / "ck", model2, opt2)
+    state = checkpoint.load(checkpoint.find(tmp_path / "ck"), model2, opt2)
     checkpoint.set_rng_state(state["rng"])
     assert torch.equal(torch.rand(3), expected) and state["step"] == 1
     assert torch.equal(model2.weight, model.weight)

@@ -12,13 +12,22 @@ import torch
 
 from mx_nn.config import MXRecipe
 from mx_nn.llama import LlamaConfig
+from mx_nn.train import budget, checkpoint
 
-__all__ = ["BF16", "TrainArgs", "build_parser", "parse_args"]
+__all__ = ["BF16", "SAVE_EVERY", "TrainArgs", "build_parser", "parse_args"]
 
 BF16 = "bf16"
 """The baseline recipe name: every linear in bf16 (autocast), no MX cast."""
 RECIPES = (BF16, *(r.value for r in MXRecipe))
 _BLOCK = 32  # MX block: every MX linear's in/out features are multiples of it
+SAVE_EVERY = 100
+"""Default ``--save-every``: a checkpoint of the default model takes well under a
+second, 100 steps of it tens of seconds on a CPU."""
+
+
+def ffn_width(dim: int) -> int:
+    """The SwiGLU hidden width of a model of width ``dim``: 8/3 dim, rounded up to 128."""
+    return 128 * math.ceil(8 * dim / 3 / 128)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +68,13 @@ class TrainArgs:
     out: str = "mx-train-out"
     """Folder for the checkpoint, figures, JSON and log."""
     resume: bool = False
-    """Continue from the checkpoint in ``out``."""
+    """Continue from the newest complete checkpoint in ``out``."""
+    overwrite: bool = False
+    """Start afresh in an ``out`` that holds a checkpoint (replaced once the new run's
+    first checkpoint is complete)."""
+    save_every: int = SAVE_EVERY
+    """Also checkpoint every this many steps of a run (0: only at its end and when
+    stopped), so that a kill -9 loses at most that many steps."""
     seed: int = 0
     """Seeds the init and the batch order."""
     autocast: bool = True
@@ -72,8 +87,8 @@ class TrainArgs:
 
     @property
     def model_config(self) -> LlamaConfig:
-        """The Llama these flags describe (SwiGLU hidden width 8/3 dim, rounded up to 128)."""
-        hidden = 128 * math.ceil(8 * self.dim / 3 / 128)
+        """The Llama these flags describe (FFN width: :func:`ffn_width`)."""
+        hidden = ffn_width(self.dim)
         return LlamaConfig(dim=self.dim, n_layers=self.layers, n_heads=self.heads,
                            n_kv_heads=self.kv_heads, hidden_dim=hidden,
                            max_seq_len=self.seq)  # fmt: skip
@@ -149,7 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", default=d.out, help="output folder")
     p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=d.autocast,
                    help="compute under bf16 autocast; --no-autocast computes in fp32")  # fmt: skip
-    p.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in --out (verified "
+                   "against its manifest; a corrupt one is refused)")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in an --out that holds a checkpoint (without "
+                   "--resume or --overwrite that is refused); the old checkpoint stays "
+                   "until the new run's first one is complete")  # fmt: skip
+    p.add_argument("--save-every", metavar="N", type=_typed(int, "a non-negative integer", 0),
+                   default=d.save_every,
+                   help="also checkpoint every N steps of a run, so a kill -9 or an OOM "
+                   "loses at most N steps (0: only at the end of each run and when "
+                   "stopped)")  # fmt: skip
     p.add_argument("--seed", type=_typed(int, "a non-negative integer", 0), default=d.seed,
                    help="seed of init and batches")  # fmt: skip
     return p
@@ -186,9 +212,51 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
     ns.device = _device(parser, ns.device)
     if ns.data is not None and not Path(ns.data).is_file():
         parser.error(f"argument --data: {ns.data!r} is not a file")
-    if ns.resume and not (Path(ns.out) / "checkpoint").is_dir():
-        parser.error(f"argument --resume: no checkpoint in --out {ns.out!r}")
+    if ns.data is not None and Path(ns.data).stat().st_size == 0:
+        parser.error(f"argument --data: {ns.data!r} is empty")
+    _check_out(parser, ns)
+    _check_memory(parser, ns)
     return TrainArgs(**{k.replace("-", "_"): v for k, v in vars(ns).items()})
+
+
+def _check_out(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    out = Path(ns.out)
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        where = "" if existing == out else f" (it would be inside the file {str(existing)!r})"
+        parser.error(f"argument --out: {ns.out!r} is not a folder{where}")
+    if ns.resume and ns.overwrite:
+        parser.error("argument --overwrite: not with --resume (continue the run in --out, "
+                     "or start afresh over it: one of the two)")  # fmt: skip
+    root = out / "checkpoint"
+    newest = checkpoint.latest(root)
+    if ns.resume and newest is None:
+        left = " (only incomplete ones: a save was cut short before any completed, or an " \
+            "older mx-train wrote them; start afresh with --overwrite)" \
+            if root.is_dir() and any(root.iterdir()) else ""  # fmt: skip
+        parser.error(f"argument --resume: no checkpoint in --out {ns.out!r}{left}")
+    if not ns.resume and not ns.overwrite and root.is_dir() and any(root.iterdir()):
+        what = f"the checkpoint {newest.name}" if newest else "incomplete checkpoints"
+        parser.error(f"argument --out: {ns.out!r} holds {what} of an earlier run; continue "
+                     "it with --resume, or start afresh over it with --overwrite")  # fmt: skip
+
+
+def _check_memory(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    device = torch.device(ns.device)
+    hidden = ffn_width(ns.dim)
+    # On CUDA each rank has a device of its own; CPU ranks share the host's memory.
+    cuda = device.type == "cuda"
+    tokens = (ns.batch // ns.dp if cuda else ns.batch) * ns.seq
+    tp = ns.tp if cuda else 1
+    need = budget.step_bytes(dim=ns.dim, hidden=hidden, layers=ns.layers, tokens=tokens, tp=tp)
+    have, kind = budget.available_bytes(device)
+    if need > have:
+        per = budget.per_token_bytes(ns.dim, hidden, ns.layers, tp)
+        parser.error(f"argument --seq: --batch {ns.batch} x --seq {ns.seq} needs at least "
+                     f"{need / 2**30:.1f} GiB for one training step's activations (about "
+                     f"{per / 1024:.0f} KiB a token at --layers {ns.layers} --dim {ns.dim}), "
+                     f"more than the {have / 2**30:.1f} GiB of {kind} here: lower --seq or "
+                     "--batch")  # fmt: skip
 
 
 def _device(parser: argparse.ArgumentParser, text: str | None) -> str:

@@ -20,15 +20,28 @@ from mx_nn.train import checkpoint
 from mx_nn.train.args import BF16, TrainArgs, parse_args
 from mx_nn.train.data import ByteData, load_text
 from mx_nn.train.distributed import is_main, setup
+from mx_nn.train.guard import DIVERGED, TrainingDiverged
 from mx_nn.train.loop import RunResult, TrainingInterrupted, mx_filter, train_run
+from mx_nn.train.manifest import CheckpointError
 from mx_nn.train.report import layer_sqnr, table, write_figures
 from mx_nn.train.sample import greedy
+from mx_nn.train.stop import INTERRUPTED, StopFlag
 
-__all__ = ["UsageError", "console", "main", "run"]
+__all__ = ["FAILED", "RunFailed", "UsageError", "console", "main", "run"]
 
 
 class UsageError(Exception):
     """A flag's value cannot work here (the message names the flag); exit status 2."""
+
+
+class RunFailed(Exception):
+    """The run cannot go on (e.g. --out cannot be written); the message says why and what
+    is kept; exit status 1."""
+
+
+FAILED = 1
+"""Exit status of a run that failed with a message: a checkpoint that cannot be written
+(disk full, no permission) or trusted (corrupt), an unwritable --out or report."""
 
 
 logger = logging.getLogger("mx_nn.train")
@@ -45,11 +58,20 @@ def _log_name() -> str:
     return "train.log" if rank == 0 else f"train-rank{rank}.log"
 
 
+class _LogFile(logging.FileHandler):
+    # A log line that cannot be written (disk full) is not worth a traceback per line.
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not getattr(self, "_failed", False):
+            self._failed = True
+            print(f"mx-train: warning: cannot write {self.baseFilename}: "
+                  f"{sys.exc_info()[1]}; its further lines are lost", file=sys.stderr)  # fmt: skip
+
+
 @contextlib.contextmanager
 def _log_to(out: Path):
     # Which kernels and paths ran (INFO on the mx_* loggers) goes to the run's log file,
     # one per rank (ranks writing one file would interleave their lines).
-    handler = logging.FileHandler(out / _log_name())
+    handler = _LogFile(out / _log_name())
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     handler.setLevel(logging.INFO)
     loggers = [logging.getLogger(name) for name in _LOGGERS]
@@ -71,15 +93,26 @@ def _say(*lines: str) -> None:
         print(*lines, sep="\n", flush=True)
 
 
-def _check_resume(args: TrainArgs, saved: dict) -> None:
-    now = args.to_dict()
-    differ = [k for k in now if k not in ("resume", "device") and now[k] != saved.get(k)]
+NOT_IDENTITY = ("resume", "overwrite", "device", "save_every", "out", "data")
+"""Flags a resumed run may change: how it runs and saves, not what it computes. Where
+--out is now is not part of the run (a moved --out resumes); --data is compared by its
+bytes' SHA-256 instead of its path, so a moved file resumes and an edited one does not."""
+
+
+def _check_resume(args: TrainArgs, saved: dict, data: ByteData) -> None:
+    now, then = args.to_dict(), saved["args"]
+    differ = [k for k in now if k not in NOT_IDENTITY and now[k] != then.get(k)]
     if differ:
-        flags = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)!r} (now {now[k]!r})"
+        flags = ", ".join(f"--{k.replace('_', '-')} {then.get(k)!r} (now {now[k]!r})"
                           for k in differ)  # fmt: skip
         raise UsageError(
             f"argument --resume: the checkpoint was made with {flags}; resume with the same flags"
         )
+    if saved["data_sha256"] != data.sha256:
+        was, now_ = then["data"] or "the built-in corpus", args.data or "the built-in corpus"
+        raise UsageError(f"argument --data: the checkpoint was trained on {was} (sha256 "
+                         f"{saved['data_sha256'][:12]}...), {now_} holds other bytes (sha256 "
+                         f"{data.sha256[:12]}...); resume on the same text")  # fmt: skip
 
 
 def _full_state_dict(model: torch.nn.Module) -> dict:
@@ -103,14 +136,25 @@ def _local_copy(sd: dict, args: TrainArgs, recipe: str, device) -> tuple:
 
 
 def run(args: TrainArgs) -> int:
-    """Run ``args``; returns the exit status (130 when interrupted)."""
+    """Run ``args``; returns the exit status (130 when interrupted by SIGINT/SIGTERM)."""
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with _log_to(out):
-        return _run(args, out)
+    log = contextlib.ExitStack()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        log.enter_context(_log_to(out))
+    except OSError as e:
+        raise UsageError(f"argument --out: cannot write in {args.out!r}: {e.strerror or e}") from e
+    with log:
+        try:
+            with StopFlag().installed() as stop:
+                return _run(args, out, stop)
+        except OSError as e:
+            logger.exception("mx-train: failed")
+            where = f": {e.filename}" if e.filename else ""
+            raise RunFailed(f"{e.strerror or e}{where}") from e
 
 
-def _run(args: TrainArgs, out: Path) -> int:
+def _run(args: TrainArgs, out: Path, stop: StopFlag) -> int:
     try:
         mesh, device = setup(args)
         text, source = load_text(args.data)
@@ -118,30 +162,47 @@ def _run(args: TrainArgs, out: Path) -> int:
     except (RuntimeError, ValueError) as e:  # each names the flag at fault
         raise UsageError(str(e)) from e
     ckpt = out / "checkpoint"
-    saved = checkpoint.load_loop(ckpt) if args.resume else None
+    gen = checkpoint.find(ckpt) if args.resume else None  # verified on every rank
+    saved = checkpoint.load_loop(gen) if gen is not None else None
     if saved is not None:
-        _check_resume(args, saved["args"])
+        _check_resume(args, saved, data)
     results = [RunResult(**d) for d in saved["done"]] if saved else []
     cfg = args.model_config
     _say(f"mx-train: {' then '.join(args.runs)}; {cfg.n_layers} layers, dim {cfg.dim}, "
          f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), ffn {cfg.hidden_dim}; "
          f"{args.steps} steps x {args.batch} x {args.seq} bytes on {device}; "
          f"data: {source} ({len(data.train):,} train / {len(data.heldout):,} held-out "
-         f"bytes); out: {out}")  # fmt: skip
+         f"bytes); out: {out}" + (f"; resuming {gen}" if gen else ""))  # fmt: skip
     t0 = time.perf_counter()
     for i in range(len(results), len(args.runs)):
-        resume = saved if saved is not None and saved["run_index"] == i else None
+        resume = gen if saved is not None and saved["run_index"] == i else None
         try:
             result, model = train_run(args, i, data, device, mesh=mesh, ckpt=ckpt,
-                                      done=results, resume=resume)  # fmt: skip
+                                      done=results, stop=stop, resume=resume)  # fmt: skip
         except TrainingInterrupted as e:
             _say(f"mx-train: interrupted: {e}. Continue with the same flags and --resume.")
-            return 130
+            return INTERRUPTED
         results.append(result)
+        if stop.agreed(mesh):  # the signal came during the run's last save
+            then = "writes the report" if i + 1 == len(args.runs) else "goes on"
+            _say(f"mx-train: interrupted: {result.recipe} finished; checkpoint in "
+                 f"{checkpoint.latest(ckpt)}. With the same flags, --resume {then}.")  # fmt: skip
+            return INTERRUPTED
     seconds = time.perf_counter() - t0
     sd = _full_state_dict(model)  # a collective: every rank takes part
     if not is_main():
         return 0
+    try:
+        return _report(args, out, data, results, sd, seconds, device, stop)
+    except OSError as e:
+        raise RunFailed(f"cannot write the report in --out {str(out)!r}: {e.strerror or e}; "
+                        "the checkpoint is complete: --resume with the same flags writes "
+                        "the report again") from e  # fmt: skip
+
+
+def _report(args: TrainArgs, out: Path, data: ByteData, results: list[RunResult], sd: dict,
+            seconds: float, device: torch.device, stop: StopFlag) -> int:  # fmt: skip
+    """Table, figures, JSON and a greedy sample (rank 0); a signal stops it between parts."""
     reference, mx = _local_copy(sd, args, args.runs[-1], device)
     sqnr = None
     if mx is not None:
@@ -151,13 +212,16 @@ def _run(args: TrainArgs, out: Path) -> int:
     paths = write_figures(out, results, sqnr, {"args": args.to_dict(),
                                                "train_seconds": seconds})  # fmt: skip
     _say("figures and JSON: " + ", ".join(str(p) for p in paths))
+    if stop.requested:
+        _say("mx-train: interrupted before the greedy sample; the report is written.")
+        return INTERRUPTED
     prompt = bytes(data.heldout[: min(48, len(data.heldout) // 2)].tolist())
     model = mx if mx is not None else reference
     raw = greedy(model, prompt, SAMPLE_BYTES, max_seq_len=args.seq, autocast=args.autocast)
     text = raw.decode("utf-8", errors="replace")
     _say(f"greedy sample ({args.runs[-1]}; the first {len(prompt)} bytes are the prompt):",
          "-" * 60, text, "-" * 60)  # fmt: skip
-    return 0
+    return INTERRUPTED if stop.requested else 0
 
 
 def _teardown(barrier: bool) -> bool:
@@ -184,9 +248,16 @@ def _main(argv: Sequence[str] | None) -> tuple[int, bool]:
     args = parse_args(argv)
     try:
         status = run(args)
-    except UsageError as e:
+    except (UsageError, RunFailed, CheckpointError, TrainingDiverged) as e:
         print(f"mx-train: error: {e}", file=sys.stderr)
-        status = 2
+        status = {UsageError: 2, TrainingDiverged: DIVERGED}.get(type(e), FAILED)
+        # A checkpoint error or divergence reaches every rank at the same point.
+        return status, _teardown(barrier=not isinstance(e, UsageError | RunFailed))
+    except KeyboardInterrupt:
+        print("mx-train: interrupted at once (a second Ctrl-C); --resume continues from the "
+              f"newest complete checkpoint in {Path(args.out) / 'checkpoint'}",
+              file=sys.stderr)  # fmt: skip
+        return INTERRUPTED, _teardown(barrier=False)
     except BaseException:
         _teardown(barrier=False)
         raise

@@ -3,6 +3,7 @@ batches that depend only on (seed, step), so a resumed run sees the same ones.""
 
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
 from pathlib import Path
 
@@ -42,14 +43,15 @@ class ByteData:
     """
 
     def __init__(self, text: bytes, *, seq: int) -> None:
-        data = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-        n_heldout = max(int(len(data) * HELDOUT_FRACTION), seq + 1)
-        if len(data) - n_heldout < seq + 1:
+        n_heldout = max(int(len(text) * HELDOUT_FRACTION), seq + 1)
+        if len(text) - n_heldout < seq + 1:  # before frombuffer, which refuses 0 bytes
             raise ValueError(
-                f"--data has {len(data)} bytes; --seq {seq} needs at least {2 * (seq + 1)} "
+                f"--data has {len(text)} bytes; --seq {seq} needs at least {2 * (seq + 1)} "
                 f"(a window of seq + 1 bytes to train on and one held out)"
             )
+        data = torch.frombuffer(bytearray(text), dtype=torch.uint8)
         self.seq = seq
+        self.sha256 = hashlib.sha256(text).hexdigest()  # a resumed run's --data must match
         self.train = data[:-n_heldout]
         self.heldout = data[-n_heldout:]
 

@@ -1,14 +1,12 @@
 """One training run: build the model in a recipe, train it with AdamW under bf16
-autocast, evaluate the held-out loss, and checkpoint on Ctrl-C, SIGTERM or a crash."""
+autocast, evaluate the held-out loss, checkpoint every ``--save-every`` steps, at the end,
+and on Ctrl-C, SIGTERM or a crash; stop at a non-finite loss without saving it."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import resource
-import signal
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +30,10 @@ from mx_nn.train.distributed import (
     max_over_ranks,
     sum_over_dp,
 )
+from mx_nn.train.guard import NonFiniteError, TrainingDiverged, all_finite, first_nonfinite_module
+from mx_nn.train.manifest import CheckpointError
 from mx_nn.train.progress import Progress
+from mx_nn.train.stop import StopFlag
 
 __all__ = ["RunResult", "TrainingInterrupted", "build_model", "mx_filter", "train_run"]
 
@@ -144,7 +145,11 @@ def loss_of(
 def _train_step(model, optimizer, inputs, targets, autocast: bool) -> float:
     loss = loss_of(model, inputs, targets, autocast)
     loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    # The norm is of the whole gradient (all ranks'): every rank takes the same branch.
+    grad_norm = _full(nn.utils.clip_grad_norm_(model.parameters(), 1.0)).item()
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError(loss.item(), grad_norm)  # before the optimizer applies it
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.item()
@@ -175,49 +180,33 @@ def _peak_memory(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu process RSS"
 
 
-class _StopFlag:
-    """First SIGINT/SIGTERM asks the loop to stop at the next step boundary (so the
-    checkpoint holds a whole step); a second SIGINT interrupts at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def _handler(self, signum, frame) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    @contextlib.contextmanager
-    def installed(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-
-
 def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.device, *,
-              mesh: DeviceMesh | None, ckpt: Path, done: list[RunResult],
-              resume: dict | None = None) -> tuple[RunResult, nn.Module]:  # fmt: skip
-    """Train run ``run_index`` of ``args.runs`` (from ``resume``, a checkpoint's loop
-    state of this run, when given) and return its result and its (unwrapped) model.
+              mesh: DeviceMesh | None, ckpt: Path, done: list[RunResult], stop: StopFlag,
+              resume: Path | None = None) -> tuple[RunResult, nn.Module]:  # fmt: skip
+    """Train run ``run_index`` of ``args.runs`` (from ``resume``, a checkpoint generation
+    of this run, when given) and return its result and its (unwrapped) model.
 
-    Writes a checkpoint to ``ckpt`` when the run finishes, and when Ctrl-C/SIGTERM or an
-    exception stops it (then raises :class:`TrainingInterrupted`, or re-raises).
+    Checkpoints into ``ckpt`` (:func:`mx_nn.train.checkpoint.save`) every
+    ``args.save_every`` steps, when the run finishes, and when ``stop`` is requested
+    (then raises :class:`TrainingInterrupted`) or an exception stops it on one process
+    (then re-raises; not when the optimizer was mid-update, nor under torchrun, where
+    the other ranks could not join the save). A non-finite loss or gradient norm raises
+    :class:`~mx_nn.train.guard.TrainingDiverged` and saves nothing.
     """
     recipe = args.runs[run_index]
     model = build_model(args, recipe, device, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                   weight_decay=0.01)  # fmt: skip
+    updating = [False]  # an exception inside optimizer.step leaves it half applied
+    optimizer.register_step_pre_hook(lambda *_: updating.__setitem__(0, True))
+    optimizer.register_step_post_hook(lambda *_: updating.__setitem__(0, False))
     result, step, interval = RunResult(recipe=recipe), 0, []
+    saved_at = None  # (step, evaluations) the newest checkpoint of this run holds
     if resume is not None:
-        resume = checkpoint.load(ckpt, model, optimizer)
-        checkpoint.set_rng_state(resume["rng"])
-        result, step, interval = RunResult(**resume["result"]), resume["step"], resume["interval"]
+        state = checkpoint.load(resume, model, optimizer)
+        checkpoint.set_rng_state(state["rng"])
+        result, step, interval = RunResult(**state["result"]), state["step"], state["interval"]
+        saved_at = (step, len(result.steps))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     forward = torch.compile(model) if args.compile else model
@@ -225,20 +214,36 @@ def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.dev
     rows, _ = dp_shard(args.batch, mesh)  # --batch is a multiple of dp: no padding
     eval_every = max(1, args.steps // EVALS)
 
-    def save() -> None:
+    def save() -> Path | None:
+        nonlocal saved_at
+        if saved_at == (step, len(result.steps)):
+            return checkpoint.latest(ckpt)  # nothing new since the last save or the load
+        if max_over_ranks(float(not all_finite(model)), mesh):
+            raise TrainingDiverged(
+                recipe,
+                step,
+                "a parameter is not finite after the update",
+                applied=True,
+                checkpoint=checkpoint.latest(ckpt),
+            )
         peak, kind = _peak_memory(device)
         peak = max_over_ranks(peak, mesh)
         result.peak_memory_mib, result.memory_kind = max(result.peak_memory_mib, peak), kind
-        checkpoint.save(ckpt, model, optimizer, {
-            "args": args.to_dict(), "run_index": run_index, "step": step,
-            "done": [r.to_dict() for r in done], "result": result.to_dict(),
+        path = checkpoint.save(ckpt, model, optimizer, {
+            "args": args.to_dict(), "data_sha256": data.sha256, "run_index": run_index,
+            "step": step, "done": [r.to_dict() for r in done], "result": result.to_dict(),
             "interval": list(interval), "rng": checkpoint.rng_state(),
-        })  # fmt: skip
+        }, tag=f"{recipe}-step{step:06d}")  # fmt: skip
+        saved_at = (step, len(result.steps))
+        return path
 
     def maybe_evaluate() -> float | None:
         if (step % eval_every and step != args.steps) or step in result.steps:
             return None
         held = evaluate(forward, heldout, device, args.autocast, mesh)
+        if not math.isfinite(held):  # the same on every rank: the sums met in all-reduce
+            first_rows = heldout[0][0][dp_shard(len(heldout[0][0]), mesh)[0]].to(device)
+            raise diverged(step, f"held-out loss {held}", first_rows, applied=True)
         train = sum(interval) / len(interval) if interval else math.nan
         result.steps.append(step)
         result.train_loss.append(train)
@@ -246,36 +251,57 @@ def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.dev
         interval.clear()
         return held
 
+    def diverged(at: int, what: str, batch: torch.Tensor, *, applied: bool) -> TrainingDiverged:
+        # A second forward on the batch that went non-finite, with hooks, names the module.
+        try:
+            module, located = first_nonfinite_module(model, batch, args.autocast, mesh), True
+        except Exception:
+            logger.exception("mx-train: could not locate the non-finite output")
+            module, located = None, False
+        return TrainingDiverged(recipe, at, what, applied=applied, module=module,
+                                located=located, checkpoint=checkpoint.latest(ckpt))  # fmt: skip
+
     progress = Progress(recipe, args.steps, start=step, enabled=is_main())
-    stop = _StopFlag()
     first, stopping = True, False
     try:
-        with stop.installed():
-            if step:
-                maybe_evaluate()  # a crash may have come between a step and its evaluation
-            while step < args.steps:
-                if stopping:
-                    save()
-                    raise TrainingInterrupted(recipe, step, ckpt)
-                for group in optimizer.param_groups:
-                    group["lr"] = learning_rate(args, step + 1)
-                inputs, targets = data.train_batch(step + 1, args.batch, args.seed)
-                inputs, targets = inputs[rows].to(device), targets[rows].to(device)
-                t0 = time.perf_counter()
+        if step:
+            maybe_evaluate()  # a crash may have come between a step and its evaluation
+        while step < args.steps:
+            if stopping:
+                raise TrainingInterrupted(recipe, step, save() or ckpt)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(args, step + 1)
+            inputs, targets = data.train_batch(step + 1, args.batch, args.seed)
+            inputs, targets = inputs[rows].to(device), targets[rows].to(device)
+            t0 = time.perf_counter()
+            try:
                 loss = _train_step(forward, optimizer, inputs, targets, args.autocast)
-                seconds = time.perf_counter() - t0
-                loss, stopping = agree_step(loss, stop.requested, mesh)
-                step += 1
-                interval.append(loss)
-                if not first or args.steps == 1:
-                    result.tokens += args.batch * args.seq
-                    result.seconds += seconds
-                first = False
-                held = maybe_evaluate()
-                progress.update(step, loss, args.batch * args.seq / seconds, held)
-    except (TrainingInterrupted, KeyboardInterrupt):
+            except NonFiniteError as e:  # the parameters are as before the step
+                what = f"loss {e.loss}, gradient norm {e.grad_norm}"
+                raise diverged(step + 1, what, inputs, applied=False) from None
+            seconds = time.perf_counter() - t0
+            loss, stopping = agree_step(loss, stop.requested, mesh)
+            step += 1
+            if not math.isfinite(loss):  # an inf loss with a finite gradient
+                raise TrainingDiverged(recipe, step, f"loss {loss}", applied=True,
+                                       checkpoint=checkpoint.latest(ckpt))  # fmt: skip
+            interval.append(loss)
+            if not first or args.steps == 1:
+                result.tokens += args.batch * args.seq
+                result.seconds += seconds
+            first = False
+            held = maybe_evaluate()
+            progress.update(step, loss, args.batch * args.seq / seconds, held)
+            if args.save_every and step % args.save_every == 0 and step < args.steps:
+                save()
+    except (TrainingInterrupted, TrainingDiverged, CheckpointError, KeyboardInterrupt):
         raise
     except Exception:
+        if mesh is not None or updating[0]:
+            why = "under torchrun" if mesh is not None else "inside the optimizer step"
+            logger.exception("mx-train: %s crashed after step %d %s; not saving it, the "
+                             "newest checkpoint stays", recipe, step, why)  # fmt: skip
+            raise
         logger.exception("mx-train: %s crashed after step %d; saving a checkpoint", recipe, step)
         save()
         raise

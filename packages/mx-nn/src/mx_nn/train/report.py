@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -154,13 +155,21 @@ def write_figures(out: Path, results: list[RunResult], sqnr: dict[str, float] | 
     return paths
 
 
+# Each file is written beside its final name and renamed over it: a run killed while
+# writing the report leaves the previous file or the new one, never half of one.
 def _save(fig, path: Path, plt) -> list[Path]:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fig.savefig(tmp, dpi=110, format=path.suffix[1:])
+    finally:
+        plt.close(fig)
+    os.replace(tmp, path)
     return [path]
 
 
 def _dump(path: Path, obj: dict) -> list[Path]:
-    path.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
     return [path]

@@ -1,0 +1,58 @@
+"""How much memory a training step's activations need, so that a ``--seq``/``--batch``
+far beyond the machine is refused up front instead of being OOM-killed mid-run.
+
+The model has no learned positions (RoPE), so nothing else bounds ``--seq``: the limit
+is memory. Attention runs through ``scaled_dot_product_attention`` (flash kernels on CPU
+and CUDA), so activations grow linearly with tokens. Measured on CPU (torch 2.13, one
+step under bf16 autocast, ``test_budget.py`` checks it): about 9.3 KB per token per
+block at dim 128 / FFN 384, about 17 KB at dim 256 / FFN 768, plus about 3.3 KB per
+token for the 256-way logits and the loss. :func:`step_bytes` is 3/4 of the fit to
+those numbers: a lower bound, so that only runs that cannot fit are refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["available_bytes", "step_bytes"]
+
+VOCAB = 256
+_LOWER = 0.75  # the fit times this: stays below what was measured
+
+
+def per_token_bytes(dim: int, hidden: int, layers: int, tp: int = 1) -> float:
+    """Activation bytes per token of one training step (fit, not the lower bound);
+    ``tp`` divides the per-block widths (tensor-parallel shards)."""
+    return 4 * (layers * (6 * dim + 4 * hidden) / tp + 3.25 * VOCAB)
+
+
+def step_bytes(*, dim: int, hidden: int, layers: int, tokens: int, tp: int = 1) -> int:
+    """A lower bound on the activation memory of one step over ``tokens`` tokens."""
+    return int(_LOWER * tokens * per_token_bytes(dim, hidden, layers, tp))
+
+
+def _cgroup_limit() -> int | None:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+def available_bytes(device: torch.device) -> tuple[int, str]:
+    """The memory a run on ``device`` can use at most and what it is: one CUDA device's
+    total memory, or on CPU the host's RAM (or the container's limit, if lower)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else 0
+        return torch.cuda.get_device_properties(index).total_memory, f"{device} memory"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = _cgroup_limit()
+    if limit is not None and limit < ram:
+        return limit, "memory (the container's limit)"
+    return ram, "RAM"
