@@ -219,7 +219,7 @@ def test_launch_hooks_and_the_switch_bypass_the_cache(monkeypatch):
         assert_same_bits(got[0], want[0])
         mx_kernels.quantize_rowwise(x, backend="triton")
         assert counts["cached"] == 1
-    monkeypatch.setattr(launch, "_CACHED", False)  # MX_KERNELS_CACHED_LAUNCH=0
+    monkeypatch.setenv("MX_KERNELS_CACHED_LAUNCH", "0")  # read on each launch
     with cpu_cached_launches() as counts:
         for _ in range(2):
             assert_same_bits(mx_kernels.quantize_rowwise(x, backend="triton")[0], want[0])
@@ -229,7 +229,7 @@ def test_launch_hooks_and_the_switch_bypass_the_cache(monkeypatch):
 def test_check_mode_catches_a_kernel_reused_for_another_specialization(monkeypatch):
     base = torch.randn(65, 130, dtype=torch.bfloat16)
     aligned, unaligned = base[:64, :64], base[1:, :64]  # one plan: same shape and strides
-    monkeypatch.setattr(launch, "_CHECK", True)
+    monkeypatch.setenv("MX_KERNELS_CHECK_LAUNCH", "1")  # read on each cached launch
     with cpu_cached_launches() as counts:
         for _ in range(2):
             for x in (aligned, unaligned):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
+
+from mx_kernels.settings import triton_interpret
 
 __all__ = [
     "BACKENDS",
@@ -39,8 +40,9 @@ MATMUL_BACKENDS: tuple[str, ...] = ("auto", "emulated", "cublas", "triton")
 
 
 def interpreter_enabled() -> bool:
-    """True when Triton runs kernels on CPU tensors (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels on CPU tensors (``TRITON_INTERPRET=1``, read as
+    Triton reads it: :func:`mx_kernels.settings.triton_interpret`)."""
+    return triton_interpret()
 
 
 @functools.cache
@@ -141,7 +143,7 @@ def choose_backend(op: str, backend: str, device: torch.device, gap: str | None)
 
 def _resolve(op: str, backend: str, device: torch.device, gap: str | None) -> tuple[str, str]:
     device_type = device.type
-    # TRITON_INTERPRET only matters off CUDA; reading the environment costs ~1 us.
+    # TRITON_INTERPRET only matters off CUDA (reading it costs ~0.15 us: mx_kernels.settings).
     interp = device_type != "cuda" and interpreter_enabled()
     return _choice(op, backend, device_type, gap, interp)
 

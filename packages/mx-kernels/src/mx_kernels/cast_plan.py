@@ -8,8 +8,8 @@ costs a fraction of a microsecond to a few (BENCHMARKS.md, 'Host cost per op'). 
 is made by the full checks, which raise naming the argument, so a cached plan stands
 for arguments that passed them. What may change between calls of equal keys is read on
 every call: whether the backend choice still has to be logged (a set lookup), Triton's
-launch hooks and ``MX_KERNELS_CHECK_LAUNCH`` (:mod:`mx_kernels.launch`), and, off
-CUDA, ``TRITON_INTERPRET`` (part of the key).
+launch hooks, ``MX_KERNELS_CACHED_LAUNCH`` and ``MX_KERNELS_CHECK_LAUNCH``
+(:mod:`mx_kernels.launch`), and, off CUDA, ``TRITON_INTERPRET`` (part of the key).
 
 Layouts: an op (``torch.ops.mx.*``) returns contiguous buffers; the public functions
 return some scales transposed (:mod:`mx_kernels.cast`), so their plans allocate those

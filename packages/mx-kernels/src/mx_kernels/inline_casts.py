@@ -24,12 +24,11 @@ else (CPU, the reference backend, eager code) an inline overload runs the defaul
 overload's body.
 ``MX_KERNELS_INLINE=0``, read when a graph is traced, keeps every inline overload an op
 (to rule the replacement out when something looks wrong, and for A/B timing:
-``tools/bench/inline_ab.py``).
+``tools/bench/inline_ab.py``); a value other than ``0`` or ``1`` is an error there
+(:mod:`mx_kernels.settings`).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -37,6 +36,7 @@ from mx_core import get_format
 from mx_kernels.backend import interpreter_enabled, log_choice
 from mx_kernels.cast_launch import _launch_args
 from mx_kernels.cast_plan import DIMS, choose
+from mx_kernels.settings import inline_casts
 
 __all__ = ["register_inline"]
 
@@ -79,7 +79,7 @@ def _replaced(name: str, x: torch.Tensor, block_size: int, backend: str) -> bool
 
 
 def _off() -> bool:
-    return os.environ.get("MX_KERNELS_INLINE", "1") in ("", "0")
+    return not inline_casts()  # MX_KERNELS_INLINE, checked (mx_kernels.settings)
 
 
 def _export_keeps_ops() -> bool:

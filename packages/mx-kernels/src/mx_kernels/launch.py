@@ -16,15 +16,20 @@ every call while a Triton launch hook is set (profilers) take Triton's own JIT p
 ``MX_KERNELS_CACHED_LAUNCH=0`` sends every launch through Triton's JIT (to rule the
 cache out when something looks wrong); ``MX_KERNELS_CHECK_LAUNCH=1`` checks, on every
 cached launch, that Triton's JIT would have picked the same compiled kernel (the GPU
-benchmarks' ``--check``). :mod:`mx_kernels.testing` runs the cached path on CPU.
+benchmarks' ``--check``). Both are read on every launch that could take the cache, once
+each (:mod:`mx_kernels.settings`: about 0.15 us a read); the module attributes
+``_CACHED`` and ``_CHECK``, None by default, override them when set to a bool (tests,
+``tools/bench/host_cost.py --check``). :mod:`mx_kernels.testing` runs the cached path
+on CPU.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
+
+from mx_kernels import settings
 
 __all__ = ["KernelLauncher", "PreparedLaunch", "specialization_key"]
 
@@ -62,8 +67,8 @@ class KernelLauncher:
         self._runtime = knobs.runtime
 
     def caches(self, device_type: str) -> bool:
-        """Whether launches on tensors of ``device_type`` go through the cache."""
-        return _CACHED and device_type in self.cached_devices
+        """Whether launches on tensors of ``device_type`` go through the cache now."""
+        return device_type in self.cached_devices and _cached()
 
     def hooked(self) -> bool:
         """Whether a Triton launch hook is set (then every launch takes Triton's path)."""
@@ -98,7 +103,7 @@ class KernelLauncher:
     def run(self, entry: tuple, grid3: tuple, grid, args: Sequence, jit_args: Sequence) -> None:
         """Launch the compiled kernel of ``entry`` (:meth:`compile`) on ``args``;
         ``jit_args`` are the same arguments as Triton's JIT takes them (for the check)."""
-        if _CHECK:
+        if _checking():
             self.check(entry, grid, jit_args)
         run, function, metadata, _, _ = entry
         run(*grid3[:3], _stream(), function, metadata, None, None, None, *args, *self._tail)
@@ -122,7 +127,7 @@ class PreparedLaunch:
     the compiled kernel's own launch; with ``MX_KERNELS_CHECK_LAUNCH=1`` the check of
     :class:`KernelLauncher` also confirms the specialization key the cache assumed."""
 
-    __slots__ = ("launcher", "grid", "ints", "cached", "_grid3", "_tail", "_views", "_compiled")
+    __slots__ = ("launcher", "grid", "ints", "cacheable", "_grid3", "_tail", "_views", "_compiled")
 
     def __init__(
         self, launcher: KernelLauncher, grid: tuple[int, ...], ints: tuple[int, ...],
@@ -136,17 +141,18 @@ class PreparedLaunch:
         self.launcher = launcher
         self.grid = grid
         self.ints = ints
-        self.cached = launcher.caches(device_type)
+        self.cacheable = device_type in launcher.cached_devices  # and _cached(), per call
         self._grid3 = (*grid, 1, 1)[:3]
         self._tail = (*ints, *launcher._tail)
         self._views = jit_dtypes
         self._compiled: dict[int, tuple] = {}  # first tensor's data_ptr % 16 -> entry
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        if self.cached and not self.launcher.hooked():
+        cached = self.cacheable and _cached() and not self.launcher.hooked()
+        if cached:
             entry = self._compiled.get(tensors[0].data_ptr() & 15)
             if entry is not None:
-                if _CHECK:
+                if _checking():
                     self._check(entry, tensors)
                 run, function, metadata, _, _ = entry
                 g = self._grid3
@@ -154,7 +160,7 @@ class PreparedLaunch:
                     *tensors, *self._tail)  # fmt: skip
                 return
         args = (*self.jit_tensors(tensors), *self.ints)
-        if self.cached and not self.launcher.hooked():
+        if cached:
             self._compiled[tensors[0].data_ptr() & 15] = self.launcher.compile(self.grid, args)
         else:
             self.launcher.kernel[self.grid](*args, **self.launcher.constexprs)
@@ -197,5 +203,13 @@ def _current_stream() -> int:
 
 
 _stream = _current_stream  # replaced by the bound getter on first use
-_CACHED = os.environ.get("MX_KERNELS_CACHED_LAUNCH", "1") not in ("", "0")
-_CHECK = os.environ.get("MX_KERNELS_CHECK_LAUNCH", "0") not in ("", "0")
+_CACHED: bool | None = None  # None: MX_KERNELS_CACHED_LAUNCH, read per launch
+_CHECK: bool | None = None  # None: MX_KERNELS_CHECK_LAUNCH, read per cached launch
+
+
+def _cached() -> bool:
+    return settings.cached_launch() if _CACHED is None else _CACHED
+
+
+def _checking() -> bool:
+    return settings.check_launch() if _CHECK is None else _CHECK

@@ -30,7 +30,6 @@ out_dtype, backend)``: every tensor a uint8 view, formats by mx-core name.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +44,7 @@ from mx_kernels.matmul_args import (
     OUT_DTYPES,
     check_scaled_mm_args,
 )
+from mx_kernels.settings import DEFAULT_DESIGN, DESIGNS, mm_design
 from mx_kernels.swizzle import swizzle_scales
 
 __all__ = [
@@ -62,12 +62,6 @@ __all__ = [
     "scaled_mm_reference",
 ]
 
-_DESIGN_ENV = "MX_KERNELS_MM_DESIGN"
-DESIGNS: tuple[str, ...] = ("dot_scaled", "fp8_mma", "dequant_bf16")
-"""Designs of the ``"triton"`` backend (:mod:`mx_kernels.matmul_triton` describes each)."""
-DEFAULT_DESIGN = "dequant_bf16"
-"""Design of the ``"triton"`` backend unless ``MX_KERNELS_MM_DESIGN`` names another: the
-fastest on the H200 at every benchmark shape (BENCHMARKS.md)."""
 _DESIGN_WHY = {
     "dot_scaled": "tl.dot_scaled kernel",
     "fp8_mma": "fp8 MMA per 32-K block + fp32 rescale kernel",
@@ -157,7 +151,7 @@ def bf16_gemm_design(
     chosen = resolve_matmul_backend(
         "scaled_mm", backend, device, cublas_unsupported=reason, log=False
     )
-    return chosen == "triton" and os.environ.get(_DESIGN_ENV, DEFAULT_DESIGN) == "dequant_bf16"
+    return chosen == "triton" and mm_design() == "dequant_bf16"
 
 
 def _scaled_mm_impl(
@@ -187,10 +181,10 @@ def _scaled_mm_impl(
         return scaled_mm_cublas(a_q, a_scale, b_q, b_scale, out_dtype)
     from mx_kernels.matmul_triton import scaled_mm_triton  # imports triton: only when used
 
-    design = os.environ.get(_DESIGN_ENV, DEFAULT_DESIGN)
-    if design not in DESIGNS:
-        allowed = ", ".join(DESIGNS)
-        raise ValueError(f"scaled_mm: {_DESIGN_ENV}={design!r}; allowed: {allowed}")
+    try:
+        design = mm_design()
+    except ValueError as e:
+        raise ValueError(f"scaled_mm: {e}") from None
     log_choice("scaled_mm", f"triton design {design}", a_q.device.type, _DESIGN_WHY[design])
     return scaled_mm_triton(a_q, a_scale, b_q, b_scale, out_dtype, design=design)
 
