@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a small Llama on bytes in an MX recipe beside bf16, then report "
         "losses, speed, memory and per-layer SQNR (figures and JSON in --out).",
         formatter_class=_HelpFormatter,
+        epilog="exit status: 0 done; 1 failed (the message says why and what is kept: a "
+        "checkpoint that cannot be written or is corrupt, an unwritable report); 2 a bad "
+        "flag; 3 a non-finite loss or gradient; 130 stopped by SIGINT or SIGTERM, with a "
+        "complete checkpoint",
     )
     p.add_argument("--recipe", choices=RECIPES, default=d.recipe, help="recipe to train")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["available_bytes", "step_bytes"]
+__all__ = ["VOCAB", "available_bytes", "per_token_bytes", "step_bytes"]
 
 VOCAB = 256
 _LOWER = 0.75  # the fit times this: stays below what was measured

@@ -27,7 +27,7 @@ from mx_nn.train.report import layer_sqnr, table, write_figures
 from mx_nn.train.sample import greedy
 from mx_nn.train.stop import INTERRUPTED, StopFlag
 
-__all__ = ["FAILED", "RunFailed", "UsageError", "console", "main", "run"]
+__all__ = ["FAILED", "NOT_IDENTITY", "RunFailed", "UsageError", "console", "main", "run"]
 
 
 class UsageError(Exception):

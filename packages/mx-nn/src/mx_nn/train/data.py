@@ -32,7 +32,8 @@ def load_text(path: str | Path | None) -> tuple[bytes, str]:
 
 
 class ByteData:
-    """Tokens are bytes (vocab 256). ``train`` and ``heldout`` are uint8 [n] tensors.
+    """Tokens are bytes (vocab 256). ``train`` and ``heldout`` are uint8 [n] tensors;
+    ``sha256`` is the text's digest (hex), which a resumed run's text must match.
 
     Args:
         text: the corpus.
