@@ -85,7 +85,7 @@ def test_numerics_report_runs():
         capture_output=True,
         text=True,
     ).stdout
-    assert "semantics table: 320/320 cases as specified" in out
+    assert "semantics table: 368/368 cases as specified" in out
 
 
 BENCHMARKS = ["casts.py", "gemm.py", "linear.py", "dtensor_overhead.py", "host_cost.py",
