@@ -17,7 +17,7 @@ every call while a Triton launch hook is set (profilers) take Triton's own JIT p
 cache out when something looks wrong); ``MX_KERNELS_CHECK_LAUNCH=1`` checks, on every
 cached launch, that Triton's JIT would have picked the same compiled kernel (the GPU
 benchmarks' ``--check``). Both are read on every launch that could take the cache, once
-each (:mod:`mx_kernels.settings`: about 0.15 us a read); the module attributes
+each (:mod:`mx_kernels.settings`: about 0.09 us a read); the module attributes
 ``_CACHED`` and ``_CHECK``, None by default, override them when set to a bool (tests,
 ``tools/bench/host_cost.py --check``). :mod:`mx_kernels.testing` runs the cached path
 on CPU.
@@ -148,11 +148,16 @@ class PreparedLaunch:
         self._compiled: dict[int, tuple] = {}  # first tensor's data_ptr % 16 -> entry
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        cached = self.cacheable and _cached() and not self.launcher.hooked()
+        # The switches inline (no _cached()/_checking() frames): this is every cast's path.
+        cached = (
+            self.cacheable
+            and (_read_cached() if _CACHED is None else _CACHED)
+            and not self.launcher.hooked()
+        )
         if cached:
             entry = self._compiled.get(tensors[0].data_ptr() & 15)
             if entry is not None:
-                if _checking():
+                if _read_check() if _CHECK is None else _CHECK:
                     self._check(entry, tensors)
                 run, function, metadata, _, _ = entry
                 g = self._grid3
@@ -207,9 +212,12 @@ _CACHED: bool | None = None  # None: MX_KERNELS_CACHED_LAUNCH, read per launch
 _CHECK: bool | None = None  # None: MX_KERNELS_CHECK_LAUNCH, read per cached launch
 
 
+_read_cached, _read_check = settings.cached_launch, settings.check_launch
+
+
 def _cached() -> bool:
-    return settings.cached_launch() if _CACHED is None else _CACHED
+    return _read_cached() if _CACHED is None else _CACHED
 
 
 def _checking() -> bool:
-    return settings.check_launch() if _CHECK is None else _CHECK
+    return _read_check() if _CHECK is None else _CHECK

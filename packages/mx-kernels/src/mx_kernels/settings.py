@@ -24,9 +24,11 @@ Cost: a cast reads two variables per call on CUDA (one each: :mod:`mx_kernels.la
 where a call's host time is 13-21 us. ``os.environ.get`` of an unset variable took
 0.7-1.5 us on the CPU machine (the miss raises and catches a KeyError inside
 ``Mapping.get``); reading the dict that backs ``os.environ`` (``os.environ._data``,
-CPython's) takes 0.15-0.17 us a variable, with ``os.environ.get`` where that dict is
-missing. Both see every change made through
-``os.environ`` (``monkeypatch.setenv`` included); neither sees a bare ``os.putenv``.
+CPython's) takes 0.09 us a switch, with ``os.environ.get`` where that dict is missing.
+Measured with ``tools/bench/host_cost.py --cpu-stub``: the cast's launch 1.0 -> 1.2-1.3
+us, the public function 0.2-0.4 us more per call than with the variables read at import.
+Both see every change made through ``os.environ`` (``monkeypatch.setenv`` included);
+neither sees a bare ``os.putenv``.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ benchmark shape (BENCHMARKS.md)."""
 
 _FLAGS = {"0": False, "1": True}
 _TRITON_TRUE = ("1", "true", "yes", "on", "y")  # triton's getenv_bool
-_KEYS: dict[str, object] = {}  # variable name -> its key in os.environ's backing dict
 
 
 def _raw(name: str) -> str | None:
@@ -60,57 +61,75 @@ def _raw(name: str) -> str | None:
     data = getattr(env, "_data", None)
     if data is None:  # not CPython's os._Environ
         return env.get(name)
-    key = _KEYS.get(name)
-    if key is None:
-        key = _KEYS[name] = env.encodekey(name)
-    value = data.get(key)
+    value = data.get(env.encodekey(name))
     return None if value is None else env.decodevalue(value)
 
 
-def _flag(name: str, default: bool) -> bool:
-    raw = _raw(name)
-    if raw is None:
-        return default
-    value = _FLAGS.get(raw)
-    if value is None:
-        raise ValueError(
-            f"{name}={raw!r} is not a value of this switch; allowed: '0' (off) and '1' (on), "
-            f"or unset ({'on' if default else 'off'})"
-        )
-    return value
+def _flag_reader(fn_name: str, name: str, default: bool, doc: str):
+    """The public function ``fn_name`` reading switch ``name``: one dict lookup on the key
+    of ``name`` in the dict behind ``os.environ`` (module doc), the key made once here."""
+    key = os.environ.encodekey(name)
+
+    def read() -> bool:
+        data = getattr(os.environ, "_data", None)
+        if data is not None and data.get(key) is None:
+            return default
+        raw = _raw(name)
+        if raw is None:
+            return default
+        value = _FLAGS.get(raw)
+        if value is None:
+            raise ValueError(
+                f"{name}={raw!r} is not a value of this switch; allowed: '0' (off) and "
+                f"'1' (on), or unset ({'on' if default else 'off'})"
+            )
+        return value
+
+    read.__name__ = read.__qualname__ = fn_name
+    read.__doc__ = doc
+    return read
 
 
-def cached_launch() -> bool:
+cached_launch = _flag_reader(
+    "cached_launch",
+    "MX_KERNELS_CACHED_LAUNCH",
+    True,
     """``MX_KERNELS_CACHED_LAUNCH`` (default on): whether Triton cast launches go through
     mx-kernels' cache of compiled kernels (:mod:`mx_kernels.launch`); off sends each
     through Triton's JIT, to rule the cache out when something looks wrong.
 
     Raises:
         ValueError: a value other than ``0`` or ``1``.
-    """
-    return _flag("MX_KERNELS_CACHED_LAUNCH", True)
+    """,
+)
 
 
-def check_launch() -> bool:
+check_launch = _flag_reader(
+    "check_launch",
+    "MX_KERNELS_CHECK_LAUNCH",
+    False,
     """``MX_KERNELS_CHECK_LAUNCH`` (default off): whether each cached launch first checks
     that Triton's JIT would pick the same compiled kernel (slow: for debugging and the
     GPU benchmarks' ``--check``).
 
     Raises:
         ValueError: a value other than ``0`` or ``1``.
-    """
-    return _flag("MX_KERNELS_CHECK_LAUNCH", False)
+    """,
+)
 
 
-def inline_casts() -> bool:
+inline_casts = _flag_reader(
+    "inline_casts",
+    "MX_KERNELS_INLINE",
+    True,
     """``MX_KERNELS_INLINE`` (default on): whether torch.compile replaces the inline
     fake-quantize overloads by their kernel launch (:mod:`mx_kernels.inline_casts`); off
     keeps them ops (A/B timing, ruling the replacement out).
 
     Raises:
         ValueError: a value other than ``0`` or ``1``.
-    """
-    return _flag("MX_KERNELS_INLINE", True)
+    """,
+)
 
 
 def mm_design() -> str:
