@@ -39,7 +39,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 __all__ = [
-    "add_cast_scope", "cast_shared", "cast_shared_plan", "cast_weight_kept", "has_cast_scope",
+    "add_cast_scope", "cast_shared", "cast_shared_plan", "cast_weight_kept",
     "keep_weight_casts", "peek_cast", "prime_cast", "shared_casts",
     "weight_casts_kept",
 ]  # fmt: skip
@@ -190,11 +190,6 @@ def add_cast_scope(module: nn.Module) -> None:
             module.register_forward_hook(_post_hook, always_call=True),
         )
         setattr(module, _HOOKED, handles)
-
-
-def has_cast_scope(module: nn.Module) -> bool:
-    """Whether :func:`add_cast_scope` gave ``module`` a scope."""
-    return getattr(module, _HOOKED, None) is not None
 
 
 @contextlib.contextmanager

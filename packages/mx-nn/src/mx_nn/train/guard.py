@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 __all__ = ["DIVERGED", "NonFiniteError", "TrainingDiverged", "all_finite",
-           "first_nonfinite_module"]  # fmt: skip
+           "first_nonfinite_module", "forward_hooked"]  # fmt: skip
 
 DIVERGED = 3
 """Exit status of a run stopped by a non-finite loss or gradient norm."""
@@ -77,23 +77,34 @@ def first_nonfinite_module(model: nn.Module, inputs: torch.Tensor, autocast: boo
     and the answer is the lowest rank's find, e.g. ``"layers.0.attention (rank 1)"``."""
     found: list[str] = []
 
-    def hook(fqn: str):
+    def hook(fqn: str, module: nn.Module):
         def check(module, args, out) -> None:
             if not found and not _finite(out):
-                found.append(fqn)
+                found.append(fqn or "<model>")
 
         return check
 
-    handles = [m.register_forward_hook(hook(fqn or "<model>")) for fqn, m in model.named_modules()]
-    try:
-        with torch.autocast(inputs.device.type, torch.bfloat16, enabled=autocast):
-            model(inputs)
-    finally:
-        for h in handles:
-            h.remove()
+    forward_hooked(model, inputs, autocast, hook)
     name = found[0] if found else None
     if mesh is None or not dist.is_initialized():
         return name
     names: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(names, name)
     return next((f"{n} (rank {r})" for r, n in enumerate(names) if n is not None), None)
+
+
+def forward_hooked(model: nn.Module, inputs: torch.Tensor, autocast: bool, hook_for) -> None:
+    """One forward of ``model`` on ``inputs`` (under bf16 autocast unless ``autocast`` is
+    off) with the forward hook ``hook_for(fqn, module)`` returns (None: none) on each of
+    its modules; every hook is removed afterwards, also when the forward raises."""
+    handles = []
+    try:
+        for fqn, module in model.named_modules():
+            hook = hook_for(fqn, module)
+            if hook is not None:
+                handles.append(module.register_forward_hook(hook))
+        with torch.autocast(inputs.device.type, torch.bfloat16, enabled=autocast):
+            model(inputs)
+    finally:
+        for h in handles:
+            h.remove()

@@ -14,6 +14,7 @@ from torch import nn
 from mx_core.testing import sqnr_db
 from mx_nn.llama import TransformerBlock
 from mx_nn.train.args import BF16
+from mx_nn.train.guard import forward_hooked
 from mx_nn.train.loop import RunResult
 
 __all__ = ["gap_percent", "layer_sqnr", "table", "write_figures"]
@@ -33,25 +34,17 @@ def layer_sqnr(
     module paths in forward order."""
     outputs: dict[str, list[torch.Tensor]] = {}
 
-    def hook_all(model: nn.Module) -> list:
-        handles = []
-        for fqn, module in model.named_modules():
-            if isinstance(module, nn.Linear | TransformerBlock):
+    def hook_for(fqn: str, module: nn.Module):
+        if not isinstance(module, nn.Linear | TransformerBlock):
+            return None
 
-                def hook(mod, args, out, fqn=fqn):
-                    outputs.setdefault(fqn, []).append(out.float())
+        def hook(mod, args, out):
+            outputs.setdefault(fqn, []).append(out.float())
 
-                handles.append(module.register_forward_hook(hook))
-        return handles
+        return hook
 
     for model in (reference, mx):
-        handles = hook_all(model)
-        try:
-            with torch.autocast(inputs.device.type, torch.bfloat16, enabled=autocast):
-                model(inputs)
-        finally:
-            for h in handles:
-                h.remove()
+        forward_hooked(model, inputs, autocast, hook_for)
     return {fqn: sqnr_db(ref, approx) for fqn, (ref, approx) in outputs.items()}
 
 
