@@ -79,12 +79,12 @@ def test_colwise_and_both_bit_exact(fmt, mode, dtype):
     # The GPU's "both" tile packs x^T's codes into words (CastTile.words); a small tile
     # of that kind runs the same code here.
     f = mx_core.get_format(fmt)
-    q_row, s_row = cast_launch._empty_cast(x.shape, f, 32, x.device)
-    q_col, s_col = cast_launch._empty_cast_t(x.shape, f, 32, x.device)
+    q_row, s_row = cast_launch.empty_cast(x.shape, f, 32, x.device)
+    q_col, s_col = cast_launch.empty_cast_t(x.shape, f, 32, x.device)
     words = (32, 32, 1, 0, 1, True, 0, 8, True)
-    _, launcher = cast_launch._launch_config("both", f.name, 32, mode, words, False, True)
+    _, launcher = cast_launch.launch_config("both", f.name, 32, mode, words, False, True)
     assert launcher.constexprs["WORDS_T"]
-    cast_launch._launch(x, f, 32, mode, q_row, s_row, q_col, s_col, tile=words)
+    cast_launch.launch_cast(x, f, 32, mode, q_row, s_row, q_col, s_col, tile=words)
     _assert_same((q_row, s_row), want_row)
     _assert_same((q_col, s_col.t()), want_col)
 
@@ -105,14 +105,14 @@ def test_tile_variants_bit_exact(fmt, tile):
     want_row = mx_core.quantize(x, fmt)
     want_col = mx_core.quantize(x[:64].t().contiguous(), fmt)
     f = mx_core.get_format(fmt)
-    q_row, s_row = cast_launch._empty_cast(x.shape, f, 32, x.device)
-    q_col, s_col = cast_launch._empty_cast_t(x[:64].shape, f, 32, x.device)
-    cast_launch._launch(x, f, 32, "rceil", q_row, s_row, None, None, tile=tile)
+    q_row, s_row = cast_launch.empty_cast(x.shape, f, 32, x.device)
+    q_col, s_col = cast_launch.empty_cast_t(x[:64].shape, f, 32, x.device)
+    cast_launch.launch_cast(x, f, 32, "rceil", q_row, s_row, None, None, tile=tile)
     _assert_same((q_row, s_row), want_row)
-    cast_launch._launch(x[:64], f, 32, "rceil", None, None, q_col, s_col, tile=tile)
+    cast_launch.launch_cast(x[:64], f, 32, "rceil", None, None, q_col, s_col, tile=tile)
     _assert_same((q_col, s_col.t()), want_col)
     q_col.zero_()
-    cast_launch._launch(x[:64], f, 32, "rceil", q_row[:64], s_row[:64], q_col, s_col, tile=tile)
+    cast_launch.launch_cast(x[:64], f, 32, "rceil", q_row[:64], s_row[:64], q_col, s_col, tile=tile)
     _assert_same((q_col, s_col.t()), want_col)
 
 
@@ -121,7 +121,7 @@ def test_both_fp4_of_k_strided_input(dtype, caplog):
     """fp4 from an x strided along K reads a contiguous copy (see _quantize_both_op),
     says so in the log, and returns the same bits."""
     x = _data((96, 64), dtype, seed=7).t()  # [64, 96], strides (1, 64)
-    mx_kernels.backend._LOGGED.clear()  # each choice is logged once per process
+    mx_kernels.backend.LOGGED.clear()  # each choice is logged once per process
     with caplog.at_level(logging.INFO, logger="mx_kernels"):
         q_row, s_row, q_col, s_col = mx_kernels.quantize_both(x, "fp4_e2m1", backend="triton")
     _assert_same((q_row, s_row), mx_core.quantize(x, "fp4_e2m1"))
@@ -217,7 +217,7 @@ def test_block_sizes_without_triton_run_the_reference_when_auto(
 
 def test_auto_on_cpu_is_the_reference_and_says_so(caplog):
     x = _data((4, 64), torch.float32)
-    mx_kernels.backend._LOGGED.clear()
+    mx_kernels.backend.LOGGED.clear()
     with caplog.at_level(logging.INFO, logger="mx_kernels"):
         _assert_same(mx_kernels.quantize_rowwise(x), mx_core.quantize(x))
         mx_kernels.quantize_rowwise(x)

@@ -54,7 +54,7 @@ def test_arguments_equal_to_a_planned_call_are_still_checked(call, exc, message)
 def test_the_choice_is_logged_again_once_the_log_is_cleared(caplog):
     x = torch.zeros(4, 96)
     mx_kernels.fake_quantize_colwise(x.t().contiguous())  # planned
-    backend._LOGGED.clear()
+    backend.LOGGED.clear()
     with caplog.at_level(logging.INFO, logger="mx_kernels"):
         mx_kernels.fake_quantize_colwise(x.t().contiguous())
         mx_kernels.fake_quantize_colwise(x.t().contiguous())

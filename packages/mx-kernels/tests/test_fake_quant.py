@@ -41,7 +41,7 @@ def test_permuted_row_tiles(fmt, tile):
     x[3, 5], x[40, 70] = float("nan"), float("inf")
     f = mx_core.get_format(fmt)
     row, col = torch.empty_like(x), torch.empty_like(x)
-    cast_launch._launch(x, f, 32, "rceil", row, None, col, None, tile=tile, dequantized=True)
+    cast_launch.launch_cast(x, f, 32, "rceil", row, None, col, None, tile=tile, dequantized=True)
     _same(row, _want(x, fmt, -1))
     _same(col, _want(x, fmt, 0))
 

@@ -89,7 +89,7 @@ def test_launcher_needs_constexprs_last_and_counts_arguments():
 
     with pytest.raises(ValueError, match="constexprs must come last"):
         KernelLauncher(mx_cast_kernel, {"BLOCK_M": 8, "M": 4}, tensors=5)
-    launcher = cast_launch._launch_config("rowwise", "fp8_e4m3", 32, "rceil", None, False, True)[1]
+    launcher = cast_launch.launch_config("rowwise", "fp8_e4m3", 32, "rceil", None, False, True)[1]
     assert launcher.n_runtime == 12 and launcher.tensors == 5
     with pytest.raises(TypeError, match="12 runtime arguments, got 1"):
         launcher((1,), torch.empty(1))
@@ -184,14 +184,14 @@ def test_cached_both_fp4_of_k_strided_input_reads_a_copy():
 
 
 def test_cached_generic_launch():
-    """cast_launch._launch (the benchmarks' entry) through KernelLauncher's own cache."""
+    """cast_launch.launch_cast (the benchmarks' entry) through KernelLauncher's own cache."""
     x = _inputs()["transposed"]
     f = mx_core.get_format("fp8_e4m3")
     want = mx_kernels.quantize_rowwise(x, backend="reference")
     with cpu_cached_launches() as counts:
         for _ in range(2):
-            q, s = cast_launch._empty_cast(x.shape, f, 32, x.device)
-            cast_launch._launch(x, f, 32, "rceil", q, s, None, None)
+            q, s = cast_launch.empty_cast(x.shape, f, 32, x.device)
+            cast_launch.launch_cast(x, f, 32, "rceil", q, s, None, None)
             assert_same_bits(q, want[0])
             assert_same_bits(s, want[1])
     assert counts["compiled"] == 1 and counts["cached"] == 1
@@ -257,8 +257,9 @@ def test_the_stream_is_the_drivers_current_one(monkeypatch):
             return 100 + device
 
     monkeypatch.setattr(driver, "_active", Driver())
-    monkeypatch.setattr(launch, "_stream", launch._current_stream)
+    monkeypatch.setattr(launch, "current_stream", launch._bind_current_stream)
     if hasattr(torch._C, "_cuda_getDevice"):  # a CUDA build asks torch for the device
         monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3)
-    assert launch._stream() == 103
-    assert launch._stream is not launch._current_stream and launch._stream() == 103
+    assert launch.current_stream() == 103
+    assert launch.current_stream is not launch._bind_current_stream
+    assert launch.current_stream() == 103

@@ -251,7 +251,7 @@ def test_unknown_design(monkeypatch):
 
 @pytest.mark.parametrize("design", [None, "fp8_mma"])
 def test_triton_design_is_logged(design, monkeypatch, caplog):
-    monkeypatch.setattr(backend_mod, "_LOGGED", set())
+    monkeypatch.setattr(backend_mod, "LOGGED", set())
     if design is None:
         monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
     else:
@@ -263,7 +263,7 @@ def test_triton_design_is_logged(design, monkeypatch, caplog):
 
 
 def test_auto_is_emulated_on_cpu_and_logged_once(monkeypatch, caplog):
-    monkeypatch.setattr(backend_mod, "_LOGGED", set())
+    monkeypatch.setattr(backend_mod, "LOGGED", set())
     args = _good()
     with caplog.at_level(logging.INFO, logger="mx_kernels"):
         out = scaled_mm(**args, out_dtype=torch.float32)

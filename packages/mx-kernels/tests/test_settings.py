@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mx_kernels
-from mx_kernels import inline_casts, launch, settings
+from mx_kernels import inline_casts, settings
 from mx_kernels.testing import cpu_cached_launches
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1]
@@ -92,8 +92,6 @@ def test_launch_switches_are_read_on_each_launch(monkeypatch):
     """A value set after import, and after the cast's plan exists, takes effect on the
     next launch; a bad one is an error there, not a silent "off"."""
     x = torch.randn(32, 64, dtype=torch.bfloat16)
-    monkeypatch.setattr(launch, "_CACHED", None)
-    monkeypatch.setattr(launch, "_CHECK", None)
     with cpu_cached_launches() as counts:
         for _ in range(2):
             mx_kernels.quantize_rowwise(x, backend="triton")
@@ -108,13 +106,3 @@ def test_launch_switches_are_read_on_each_launch(monkeypatch):
         monkeypatch.setenv("MX_KERNELS_CACHED_LAUNCH", "0")
         mx_kernels.quantize_rowwise(x, backend="triton")
         assert counts["cached"] == 1 and counts["compiled"] == 1  # Triton's own path ran
-
-
-def test_launch_overrides_win_over_the_environment(monkeypatch):
-    """tools/bench/host_cost.py --check sets launch._CHECK (None: the environment)."""
-    monkeypatch.setenv("MX_KERNELS_CHECK_LAUNCH", "bad")
-    monkeypatch.setattr(launch, "_CHECK", False)
-    assert launch._checking() is False
-    monkeypatch.setattr(launch, "_CHECK", None)
-    with pytest.raises(ValueError, match="MX_KERNELS_CHECK_LAUNCH='bad'"):
-        launch._checking()

@@ -1,9 +1,24 @@
 """mx-kernels: MX casts, dequantize, fake quantize, scale swizzle and scaled matmul.
 
-All are ``torch.library`` ops in the ``mx::`` namespace.
-
+All but the swizzle (plain torch) are ``torch.library`` ops in the ``mx::`` namespace.
 Triton kernels on CUDA (and on CPU under ``TRITON_INTERPRET=1``), mx-core's reference
 elsewhere; the choice is logged once per op on the ``mx_kernels`` logger.
+
+Three layers; a module imports only its own layer and those below (checked by the
+repository's tests/test_import_cycles.py)::
+
+    ops       cast  fake_quant  inline_casts  dequant  matmul  swizzle
+              (cast_plan: the casts' plans; matmul_args: scaled_mm's checks; testing)
+                |  the mx:: ops, their checks, backend choice and reference paths
+    kernels   cast_triton  dequant_triton  matmul_triton  (Triton kernels + launchers)
+              cast_launch (the cast kernel's tiles and launch arguments)
+              bf16_mm (the bf16 GEMM of the dequant_bf16 design)
+                |
+    runtime   settings (environment switches)  backend (choice, logging)
+              launch (cached kernel launches)  library (op registration)
+
+Importing the package registers the ops and nothing else: no GPU query, no environment
+read, no triton import (the kernel modules are imported on first use).
 """
 
 from mx_kernels.backend import BACKENDS

@@ -18,6 +18,7 @@ from mx_kernels.settings import triton_interpret
 
 __all__ = [
     "BACKENDS",
+    "LOGGED",
     "MATMUL_BACKENDS",
     "TRITON_BLOCK_SIZES",
     "choose_backend",
@@ -70,12 +71,15 @@ def _no_triton(op: str, device_type: str, backend: str) -> RuntimeError:
 def log_choice(op: str, backend: str, device_type: str, why: str) -> None:
     """Log at INFO, once per distinct choice and reason, which backend ``op`` runs."""
     key = (op, backend, device_type, why)
-    if key not in _LOGGED:
-        _LOGGED.add(key)
+    if key not in LOGGED:
+        LOGGED.add(key)
         logger.info("mx_kernels.%s: %s backend on %s (%s)", op, backend, device_type, why)
 
 
-_LOGGED: set[tuple[str, str, str, str]] = set()
+LOGGED: set[tuple[str, str, str, str]] = set()
+"""The ``(op, backend, device type, why)`` choices logged so far. The casts' plans test
+their own against it on each call (a subset check, cheaper than a call per choice);
+emptied, every choice is logged again."""
 
 
 def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKENDS) -> str:

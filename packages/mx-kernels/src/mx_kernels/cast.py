@@ -26,8 +26,8 @@ import torch
 
 import mx_core
 from mx_core import get_format
-from mx_kernels.cast_launch import _empty_both, _empty_cast, _empty_cast_t
-from mx_kernels.cast_plan import REFERENCES, check_args, plan_for, public_layout
+from mx_kernels.cast_launch import empty_both, empty_cast, empty_cast_t
+from mx_kernels.cast_plan import CAST_ARGS, REFERENCES, check_args, plan_for, public_layout
 from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
@@ -39,13 +39,13 @@ def _reference(x, fmt, block_size, scale_mode):
 
 
 def _reference_t(x, fmt, block_size, scale_mode):
-    """mx-core's columnwise cast of x [M, K], in the layout of :func:`_empty_cast_t`."""
+    """mx-core's columnwise cast of x [M, K], in the layout of :func:`empty_cast_t`."""
     qdata_t, scale_t = _reference(x.t().contiguous(), fmt, block_size, scale_mode)
     return qdata_t, scale_t.t().contiguous()
 
 
 def _reference_both(x, fmt, block_size, scale_mode):
-    """Both casts, in the layout of :func:`_empty_both`."""
+    """Both casts, in the layout of :func:`empty_both`."""
     q_row, s_row = _reference(x, fmt, block_size, scale_mode)
     return q_row, s_row.t().contiguous(), *_reference_t(x, fmt, block_size, scale_mode)
 
@@ -69,25 +69,24 @@ def _quantize_both_impl(x, fmt: str, block_size: int, scale_mode: str, backend: 
     return plan_for("quantize_both", False, x, fmt, block_size, scale_mode, backend)(x)
 
 
-_CAST_ARGS = "(Tensor x, str fmt, SymInt block_size, str scale_mode, str backend)"
 QUANTIZE_ROWWISE = define_op(
-    f"quantize_rowwise{_CAST_ARGS} -> (Tensor, Tensor)",
+    f"quantize_rowwise{CAST_ARGS} -> (Tensor, Tensor)",
     _quantize_rowwise_impl,
-    lambda x, fmt, block_size, scale_mode, backend: _empty_cast(
+    lambda x, fmt, block_size, scale_mode, backend: empty_cast(
         x.shape, get_format(fmt), block_size, x.device
     ),
 )
 QUANTIZE_COLWISE = define_op(
-    f"quantize_colwise{_CAST_ARGS} -> (Tensor, Tensor)",
+    f"quantize_colwise{CAST_ARGS} -> (Tensor, Tensor)",
     _quantize_colwise_impl,
-    lambda x, fmt, block_size, scale_mode, backend: _empty_cast_t(
+    lambda x, fmt, block_size, scale_mode, backend: empty_cast_t(
         x.shape, get_format(fmt), block_size, x.device
     ),
 )
 QUANTIZE_BOTH = define_op(
-    f"quantize_both{_CAST_ARGS} -> (Tensor, Tensor, Tensor, Tensor)",
+    f"quantize_both{CAST_ARGS} -> (Tensor, Tensor, Tensor, Tensor)",
     _quantize_both_impl,
-    lambda x, fmt, block_size, scale_mode, backend: _empty_both(
+    lambda x, fmt, block_size, scale_mode, backend: empty_both(
         x.shape, get_format(fmt), block_size, x.device
     ),
 )

@@ -1,8 +1,11 @@
 """The launcher of the MX cast kernel (:mod:`mx_kernels.cast_triton`): its tiles, one
 cached launch configuration per cast kind and format, and the cast ops' outputs.
 
-:mod:`mx_kernels.cast` and :mod:`mx_kernels.fake_quant` (the ops) call :func:`_launch`;
-the benchmarks under ``tools/bench`` call it with other tiles.
+The ops launch through the plans of :mod:`mx_kernels.cast_plan`, made from
+:func:`launch_args` and the ``empty_*`` layouts (the fake implementations of
+:mod:`mx_kernels.cast` allocate the same); the inline fake-quantize overloads take
+:func:`launch_args` too (:mod:`mx_kernels.inline_casts`). :func:`launch_cast` runs one
+cast directly, with any tile: the tests and the benchmarks under ``tools/bench``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,17 @@ from mx_core import ElementFormat, get_format
 from mx_kernels.backend import interpreter_enabled, persistent_programs
 from mx_kernels.launch import KernelLauncher
 
-__all__ = ["TILE_CONFIGS", "CastTile"]
+__all__ = [
+    "TILE_CONFIGS",
+    "CastTile",
+    "empty_both",
+    "empty_cast",
+    "empty_cast_t",
+    "launch_args",
+    "launch_cast",
+    "launch_config",
+    "no_output",
+]
 
 
 class CastTile(NamedTuple):
@@ -86,7 +99,7 @@ def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None, interpreter:
 
 
 @functools.lru_cache(maxsize=512)
-def _launch_config(
+def launch_config(
     kind: str,
     fmt_name: str,
     block_size: int,
@@ -135,7 +148,7 @@ def _launch_config(
 
 
 @functools.cache
-def _no_output(device: torch.device) -> torch.Tensor:
+def no_output(device: torch.device) -> torch.Tensor:
     """A zero-size uint8 tensor passed for outputs a cast does not write."""
     return torch.empty(0, dtype=torch.uint8, device=device)
 
@@ -150,7 +163,7 @@ _KINDS = {
 }
 
 
-def _launch(
+def launch_cast(
     x2d,
     fmt: ElementFormat,
     block_size: int,
@@ -175,11 +188,11 @@ def _launch(
     bit-exact where it runs. The ops launch through :mod:`mx_kernels.cast_plan` instead,
     with the same arguments, planned once per shape.
     """
-    launcher, grid, ints = _launch_args(
+    launcher, grid, ints = launch_args(
         x2d.shape, x2d.stride(), x2d.device, fmt, block_size, scale_mode,
         q_row, s_row, q_col, s_col, tile, hw_round, dequantized,
     )  # fmt: skip
-    dummy = _no_output(x2d.device)
+    dummy = no_output(x2d.device)
 
     def u8(out):
         return dummy if out is None else out if dequantized else out.view(torch.uint8)
@@ -187,7 +200,7 @@ def _launch(
     launcher(grid, x2d, u8(q_row), u8(s_row), u8(q_col), u8(s_col), *ints)
 
 
-def _launch_args(
+def launch_args(
     shape,
     strides,
     device: torch.device,
@@ -202,7 +215,7 @@ def _launch_args(
     hw_round: bool | None = None,
     dequantized: bool = False,
 ) -> tuple[KernelLauncher, tuple[int, ...], tuple[int, ...]]:
-    """:func:`_launch`'s launcher, grid and int arguments for an x [M, K] of ``strides``
+    """:func:`launch_cast`'s launcher, grid and int arguments for an x [M, K] of ``strides``
     on ``device``; the outputs are only looked at for which are given and s_row's
     strides (meta tensors will do)."""  # fmt: skip
     m, k = shape
@@ -217,8 +230,10 @@ def _launch_args(
         elif s_row.dim() == 2 and s_row.stride() == (1, m):
             s_row_t, s_row_strides = True, (1, m)
         else:
-            raise ValueError(f"_launch: s_row strides {s_row.stride()}: need row- or column-major")
-    t, launcher = _launch_config(
+            raise ValueError(
+                f"launch_args: s_row strides {s_row.stride()}: need row- or column-major"
+            )
+    t, launcher = launch_config(
         kind, fmt.name, block_size, scale_mode, None if tile is None else tuple(tile),
         hw_round, not cuda and interpreter_enabled(), s_row_t,
     )  # fmt: skip
@@ -232,7 +247,7 @@ def _launch_args(
     return launcher, grid, (m, k, *strides, *s_row_strides, tiles_per_program)
 
 
-def _empty_cast(
+def empty_cast(
     shape, fmt: ElementFormat, block_size: int, device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Uninitialised (qdata, scale) of a rowwise cast of a tensor of ``shape``."""
@@ -243,7 +258,7 @@ def _empty_cast(
     return qdata, scale
 
 
-def _empty_cast_t(
+def empty_cast_t(
     x_shape, fmt: ElementFormat, block_size: int, device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Uninitialised outputs of the columnwise op for a 2-D x of ``x_shape`` [M, K]:
@@ -258,13 +273,18 @@ def _empty_cast_t(
     return qdata_t, scale_buf
 
 
-def _empty_both(
+def empty_both(
     x_shape, fmt: ElementFormat, block_size: int, device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uninitialised outputs of the both op for a 2-D x of ``x_shape`` [M, K]: q_row
     [M, K] (fp4: [M, K // 2]), the rowwise scales' buffer [K // block_size, M] (the
-    public s_row is its transpose), then :func:`_empty_cast_t`'s two; all contiguous."""
+    public s_row is its transpose), then :func:`empty_cast_t`'s two; all contiguous."""
     m, k = x_shape
     q_row = torch.empty(m, k // 2 if fmt.is_packed else k, dtype=fmt.storage_dtype, device=device)
     s_row_buf = torch.empty(k // block_size, m, dtype=torch.float8_e8m0fnu, device=device)
-    return q_row, s_row_buf, *_empty_cast_t(x_shape, fmt, block_size, device)
+    return q_row, s_row_buf, *empty_cast_t(x_shape, fmt, block_size, device)
+
+
+# The names tools/bench imported before these were public; kept until it imports the
+# public ones.
+_empty_cast, _empty_cast_t, _empty_both, _launch = empty_cast, empty_cast_t, empty_both, launch_cast

@@ -34,10 +34,25 @@ from mx_kernels.backend import (
     interpreter_enabled,
     log_choice,
 )
-from mx_kernels.cast_launch import _empty_both, _empty_cast, _empty_cast_t, _launch_args, _no_output
+from mx_kernels.cast_launch import empty_both, empty_cast, empty_cast_t, launch_args, no_output
 from mx_kernels.launch import PreparedLaunch
 
-__all__ = ["CastPlan", "check_args", "plan_for", "public_layout"]
+__all__ = [
+    "CAST_ARGS",
+    "DIMS",
+    "MAX_PLANS",
+    "REFERENCES",
+    "CastPlan",
+    "check_args",
+    "choose",
+    "clear_plans",
+    "plan_for",
+    "public_layout",
+]
+
+CAST_ARGS = "(Tensor x, str fmt, SymInt block_size, str scale_mode, str backend)"
+"""The arguments of every cast op's schema (:mod:`mx_kernels.cast`,
+:mod:`mx_kernels.fake_quant`), which the plans take in this order."""
 
 # op -> the dims its blocks run along (-1: the last dim, any rank; 0: dim 0 of 2-D x)
 DIMS: dict[str, tuple[int, ...]] = {
@@ -53,6 +68,12 @@ DIMS: dict[str, tuple[int, ...]] = {
 REFERENCES: dict[str, Callable] = {}
 MAX_PLANS = 4096  # distinct call signatures kept before starting afresh
 _PLANS: dict[tuple, CastPlan] = {}
+
+
+def clear_plans() -> None:
+    """Drop every plan made so far: the next call of each signature plans afresh (for
+    tests that change what a plan captured, such as the launch path)."""
+    _PLANS.clear()
 
 
 def public_layout(outs):
@@ -149,7 +170,7 @@ class CastPlan:
         self._run = reference  # the reference, or the Triton plans' own (_triton_plan)
 
     def __call__(self, x: torch.Tensor):
-        if not self._logged <= _backend._LOGGED:
+        if not self._logged <= _backend.LOGGED:
             for key in self.logs:
                 log_choice(*key)
         return self._run(x)
@@ -182,11 +203,11 @@ def _op_outputs(op: str, shape, f: ElementFormat, block_size: int, dtype: torch.
     """The op's outputs as meta tensors, and for each of the kernel's outputs (q_row,
     s_row, q_col, s_col) which of them it writes there (None: none)."""
     if op == "quantize_rowwise":
-        return _empty_cast(shape, f, block_size, "meta"), (0, 1, None, None)
+        return empty_cast(shape, f, block_size, "meta"), (0, 1, None, None)
     if op == "quantize_colwise":
-        return _empty_cast_t(shape, f, block_size, "meta"), (None, None, 0, 1)
+        return empty_cast_t(shape, f, block_size, "meta"), (None, None, 0, 1)
     if op == "quantize_both":
-        return _empty_both(shape, f, block_size, "meta"), (0, 1, 2, 3)
+        return empty_both(shape, f, block_size, "meta"), (0, 1, 2, 3)
     row = torch.empty(shape, dtype=dtype, device="meta")  # fake quantization: x's shape
     if op == "fake_quantize_rowwise":
         return (row,), (0, None, None, None)
@@ -220,7 +241,7 @@ def _plan(op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, b
 def _triton_plan(op, x, f: ElementFormat, block_size: int, scale_mode: str, logs: list, view):
     """The Triton cast's plan: the op's outputs laid out on meta tensors (the same
     functions allocate them in the fake implementations), the public views of them,
-    and the launch arguments of :func:`mx_kernels.cast_launch._launch` for them."""
+    and the launch arguments of :func:`mx_kernels.cast_launch.launch_args` for them."""
     device, shape = x.device, x.shape
     prepare = None
     if op.endswith("rowwise") and x.dim() != 2:
@@ -246,7 +267,7 @@ def _triton_plan(op, x, f: ElementFormat, block_size: int, scale_mode: str, logs
     if op == "quantize_both":
         kernel_outs[1] = outs[1].t()  # written through the scale buffer's transpose
     fake = op.startswith("fake_")
-    launcher, grid, ints = _launch_args(
+    launcher, grid, ints = launch_args(
         (m, k), tuple(strides), device, f, block_size, scale_mode, *kernel_outs,
         dequantized=fake,
     )  # fmt: skip
@@ -259,7 +280,7 @@ def _triton_plan(op, x, f: ElementFormat, block_size: int, scale_mode: str, logs
         functools.partial(torch.empty_strided, size, stride, dtype=dtype, device=device)
         for size, stride, dtype in plan.specs
     )
-    plan.dummy = _no_output(device)
+    plan.dummy = no_output(device)
     plan.launch = PreparedLaunch(
         launcher, grid, ints, device.type, (None, *(None if i is None else u8 for i in slot_idx))
     )

@@ -17,6 +17,8 @@ import triton.language as tl
 
 from mx_kernels.dequant_triton import store_rounded
 
+__all__ = ["FMT_IDS", "MODE_IDS", "mx_cast_kernel"]
+
 # Scale modes and element formats as kernel constants.
 MODE_FLOOR = tl.constexpr(0)
 MODE_CEIL = tl.constexpr(1)

@@ -24,7 +24,6 @@ DEQUANT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.
 """Output dtypes of :func:`dequantize_rowwise`."""
 
 _TRITON_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
-_TILE = (32, 256, 4)  # (BLOCK_M, BLOCK_K, num_warps): a streaming kernel, 16 B per thread
 
 
 def dequantize_rowwise(
@@ -118,6 +117,8 @@ def _dequantize_rowwise_impl(
             block_size=block_size, dim=q_bytes.dim() - 1, orig_dtype=out_dtype,
         )  # fmt: skip
         return t.dequantize(out_dtype).contiguous()
+    from mx_kernels.dequant_triton import dequantize_triton  # imports triton: only when used
+
     return dequantize_triton(q_bytes, scale_bytes, fmt, block_size, out_dtype)
 
 
@@ -132,33 +133,3 @@ DEQUANTIZE_ROWWISE = define_op(
     _dequantize_rowwise_impl,
     _dequantize_rowwise_fake,
 )
-
-
-def dequantize_triton(
-    q_bytes: torch.Tensor,
-    scale_bytes: torch.Tensor,
-    fmt: str,
-    block_size: int,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    """Launch the Triton kernel (arguments as the op's: uint8 views, checked)."""
-    import triton
-
-    from mx_kernels.dequant_triton import DQ_FMT_IDS, mx_dequant_kernel
-
-    k = scale_bytes.shape[-1] * block_size
-    out = torch.empty((*q_bytes.shape[:-1], k), dtype=out_dtype, device=q_bytes.device)
-    q2d = q_bytes.reshape(-1, q_bytes.shape[-1]).contiguous()
-    s2d = scale_bytes.reshape(-1, scale_bytes.shape[-1]).contiguous()
-    m = q2d.shape[0]
-    if out.numel() == 0:
-        return out
-    block_m, block_k, warps = _TILE
-    block_k = max(block_k, block_size)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
-    mx_dequant_kernel[grid](
-        q2d, s2d, out, m, k,
-        FMT=DQ_FMT_IDS[fmt], BS=block_size, BLOCK_M=block_m, BLOCK_K=block_k,
-        HW_ROUND=q_bytes.device.type == "cuda", num_warps=warps,
-    )  # fmt: skip
-    return out

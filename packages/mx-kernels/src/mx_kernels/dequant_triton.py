@@ -1,5 +1,7 @@
-"""Triton kernel of the MX dequantize, and the element and scale decoders it shares with
-the matmul kernels.
+"""Triton kernel of the MX dequantize and its launcher (:func:`dequantize_triton`: the
+``mx::dequantize_rowwise`` op's Triton backend, and the first step of the matmul's
+``dequant_bf16`` design), and the element and scale decoders the kernel shares with the
+matmul kernels.
 
 Codes arrive as uint8 (fp4: two per byte along the blocked dim, low nibble first) and
 scales as uint8 E8M0 bytes: Triton's interpreter rejects float8_e8m0fnu kernel args.
@@ -7,14 +9,25 @@ scales as uint8 E8M0 bytes: Triton's interpreter rejects float8_e8m0fnu kernel a
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+__all__ = [
+    "DQ_FMT_IDS",
+    "dequantize_triton",
+    "e8m0_to_fp32",
+    "fp4x2_to_e4m3",
+    "mx_dequant_kernel",
+    "store_rounded",
+]
 
 # Element formats as kernel constants.
 DQ_E4M3 = tl.constexpr(0)
 DQ_E5M2 = tl.constexpr(1)
 DQ_E2M1 = tl.constexpr(2)
 DQ_FMT_IDS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "fp4_e2m1": 2}
+_TILE = (32, 256, 4)  # (BLOCK_M, BLOCK_K, num_warps): a streaming kernel, 16 B per thread
 
 
 @triton.jit
@@ -98,3 +111,41 @@ def mx_dequant_kernel(
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     out_ptrs = out_ptr + offs_m[:, None] * K + offs_k[None, :]
     store_rounded(out_ptrs, out, row_ok & (offs_k[None, :] < K), HW_ROUND)
+
+
+def dequantize_triton(
+    q_bytes: torch.Tensor,
+    scale_bytes: torch.Tensor,
+    fmt: str,
+    block_size: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Launch :func:`mx_dequant_kernel`; arguments as the ``mx::dequantize_rowwise`` op's
+    after its checks (:mod:`mx_kernels.dequant`).
+
+    Args:
+        q_bytes: [..., K] codes as uint8 (fp4: [..., K // 2], two per byte, low nibble
+            first), any strides.
+        scale_bytes: [..., K // block_size] E8M0 scale bytes as uint8.
+        fmt: ``fp8_e4m3``, ``fp8_e5m2`` or ``fp4_e2m1``.
+        block_size: a power of two up to 128.
+        out_dtype: bf16, fp16 or fp32.
+    Returns:
+        [..., K] in ``out_dtype``, contiguous.
+    """
+    k = scale_bytes.shape[-1] * block_size
+    out = torch.empty((*q_bytes.shape[:-1], k), dtype=out_dtype, device=q_bytes.device)
+    q2d = q_bytes.reshape(-1, q_bytes.shape[-1]).contiguous()
+    s2d = scale_bytes.reshape(-1, scale_bytes.shape[-1]).contiguous()
+    m = q2d.shape[0]
+    if out.numel() == 0:
+        return out
+    block_m, block_k, warps = _TILE
+    block_k = max(block_k, block_size)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
+    mx_dequant_kernel[grid](
+        q2d, s2d, out, m, k,
+        FMT=DQ_FMT_IDS[fmt], BS=block_size, BLOCK_M=block_m, BLOCK_K=block_k,
+        HW_ROUND=q_bytes.device.type == "cuda", num_warps=warps,
+    )  # fmt: skip
+    return out

@@ -18,8 +18,7 @@ from __future__ import annotations
 import torch
 
 import mx_core
-from mx_kernels.cast import _CAST_ARGS
-from mx_kernels.cast_plan import REFERENCES, check_args, plan_for
+from mx_kernels.cast_plan import CAST_ARGS, REFERENCES, check_args, plan_for
 from mx_kernels.inline_casts import register_inline
 from mx_kernels.library import define_op, may_skip_dispatch
 
@@ -60,13 +59,13 @@ def _like_both(*args):
 
 
 FAKE_QUANTIZE_ROWWISE = define_op(
-    f"fake_quantize_rowwise{_CAST_ARGS} -> Tensor", _fake_quantize_rowwise_impl, _like
+    f"fake_quantize_rowwise{CAST_ARGS} -> Tensor", _fake_quantize_rowwise_impl, _like
 )
 FAKE_QUANTIZE_COLWISE = define_op(
-    f"fake_quantize_colwise{_CAST_ARGS} -> Tensor", _fake_quantize_colwise_impl, _like
+    f"fake_quantize_colwise{CAST_ARGS} -> Tensor", _fake_quantize_colwise_impl, _like
 )
 FAKE_QUANTIZE_BOTH = define_op(
-    f"fake_quantize_both{_CAST_ARGS} -> (Tensor, Tensor)",
+    f"fake_quantize_both{CAST_ARGS} -> (Tensor, Tensor)",
     _fake_quantize_both_impl,
     _like_both,
 )
@@ -74,13 +73,13 @@ FAKE_QUANTIZE_BOTH = define_op(
 # torch.compile (mx_kernels.inline_casts).
 _INLINE = {
     FAKE_QUANTIZE_ROWWISE: define_op(
-        f"fake_quantize_rowwise.inline{_CAST_ARGS} -> Tensor", _fake_quantize_rowwise_impl, _like
+        f"fake_quantize_rowwise.inline{CAST_ARGS} -> Tensor", _fake_quantize_rowwise_impl, _like
     ),
     FAKE_QUANTIZE_COLWISE: define_op(
-        f"fake_quantize_colwise.inline{_CAST_ARGS} -> Tensor", _fake_quantize_colwise_impl, _like
+        f"fake_quantize_colwise.inline{CAST_ARGS} -> Tensor", _fake_quantize_colwise_impl, _like
     ),
     FAKE_QUANTIZE_BOTH: define_op(
-        f"fake_quantize_both.inline{_CAST_ARGS} -> (Tensor, Tensor)",
+        f"fake_quantize_both.inline{CAST_ARGS} -> (Tensor, Tensor)",
         _fake_quantize_both_impl,
         _like_both,
     ),

@@ -34,7 +34,7 @@ import torch
 
 from mx_core import get_format
 from mx_kernels.backend import interpreter_enabled, log_choice
-from mx_kernels.cast_launch import _launch_args
+from mx_kernels.cast_launch import launch_args
 from mx_kernels.cast_plan import DIMS, choose
 from mx_kernels.settings import inline_casts
 
@@ -101,7 +101,7 @@ def _launch(name: str, x: torch.Tensor, fmt: str, block_size: int, scale_mode: s
     rowwise, colwise = DIMS[name] != (0,), DIMS[name] != (-1,)
     row = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if rowwise else None
     col = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if colwise else None
-    launcher, grid, ints = _launch_args(
+    launcher, grid, ints = launch_args(
         tuple(x2.shape), tuple(x2.stride()), x.device, get_format(fmt), block_size, scale_mode,
         row, None, col, None, dequantized=True,
     )  # fmt: skip

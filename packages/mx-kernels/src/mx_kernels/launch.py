@@ -17,10 +17,8 @@ every call while a Triton launch hook is set (profilers) take Triton's own JIT p
 cache out when something looks wrong); ``MX_KERNELS_CHECK_LAUNCH=1`` checks, on every
 cached launch, that Triton's JIT would have picked the same compiled kernel (the GPU
 benchmarks' ``--check``). Both are read on every launch that could take the cache, once
-each (:mod:`mx_kernels.settings`: about 0.09 us a read); the module attributes
-``_CACHED`` and ``_CHECK``, None by default, override them when set to a bool (tests,
-``tools/bench/host_cost.py --check``). :mod:`mx_kernels.testing` runs the cached path
-on CPU.
+each (:mod:`mx_kernels.settings`: about 0.09 us a read). :mod:`mx_kernels.testing`
+runs the cached path on CPU.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import torch
 
 from mx_kernels import settings
 
-__all__ = ["KernelLauncher", "PreparedLaunch", "specialization_key"]
+__all__ = ["KernelLauncher", "PreparedLaunch", "current_stream", "specialization_key"]
 
 
 def specialization_key(args: Sequence, tensors: int) -> tuple:
@@ -60,7 +58,9 @@ class KernelLauncher:
             raise ValueError(f"KernelLauncher: {kernel}'s constexprs must come last: {names}")
         self.n_runtime = len(names) - len(tail)
         self.tensors = tensors
-        self._tail = tuple(constexprs[n] for n in tail)
+        # The constexprs' values in parameter order: a compiled kernel's launcher takes
+        # them after the runtime arguments.
+        self.tail = tuple(constexprs[n] for n in tail)
         self._compiled: dict[tuple, tuple] = {}  # specialization key -> compile()'s entry
         from triton import knobs  # here, not at import: importing mx_kernels needs no triton
 
@@ -68,7 +68,7 @@ class KernelLauncher:
 
     def caches(self, device_type: str) -> bool:
         """Whether launches on tensors of ``device_type`` go through the cache now."""
-        return device_type in self.cached_devices and _cached()
+        return device_type in self.cached_devices and _read_cached()
 
     def hooked(self) -> bool:
         """Whether a Triton launch hook is set (then every launch takes Triton's path)."""
@@ -103,10 +103,10 @@ class KernelLauncher:
     def run(self, entry: tuple, grid3: tuple, grid, args: Sequence, jit_args: Sequence) -> None:
         """Launch the compiled kernel of ``entry`` (:meth:`compile`) on ``args``;
         ``jit_args`` are the same arguments as Triton's JIT takes them (for the check)."""
-        if _checking():
+        if _read_check():
             self.check(entry, grid, jit_args)
         run, function, metadata, _, _ = entry
-        run(*grid3[:3], _stream(), function, metadata, None, None, None, *args, *self._tail)
+        run(*grid3[:3], current_stream(), function, metadata, None, None, None, *args, *self.tail)
 
     def check(self, entry: tuple, grid, jit_args: Sequence) -> None:
         """Raise unless Triton's JIT picks the compiled kernel of ``entry`` for ``jit_args``."""
@@ -141,27 +141,23 @@ class PreparedLaunch:
         self.launcher = launcher
         self.grid = grid
         self.ints = ints
-        self.cacheable = device_type in launcher.cached_devices  # and _cached(), per call
+        self.cacheable = device_type in launcher.cached_devices  # and the switch, per call
         self._grid3 = (*grid, 1, 1)[:3]
-        self._tail = (*ints, *launcher._tail)
+        self._tail = (*ints, *launcher.tail)
         self._views = jit_dtypes
         self._compiled: dict[int, tuple] = {}  # first tensor's data_ptr % 16 -> entry
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        # The switches inline (no _cached()/_checking() frames): this is every cast's path.
-        cached = (
-            self.cacheable
-            and (_read_cached() if _CACHED is None else _CACHED)
-            and not self.launcher.hooked()
-        )
+        # The switches read inline (no frames of helpers): this is every cast's path.
+        cached = self.cacheable and _read_cached() and not self.launcher.hooked()
         if cached:
             entry = self._compiled.get(tensors[0].data_ptr() & 15)
             if entry is not None:
-                if _read_check() if _CHECK is None else _CHECK:
+                if _read_check():
                     self._check(entry, tensors)
                 run, function, metadata, _, _ = entry
                 g = self._grid3
-                run(g[0], g[1], g[2], _stream(), function, metadata, None, None, None,
+                run(g[0], g[1], g[2], current_stream(), function, metadata, None, None, None,
                     *tensors, *self._tail)  # fmt: skip
                 return
         args = (*self.jit_tensors(tensors), *self.ints)
@@ -189,11 +185,13 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _current_stream() -> int:
+def _bind_current_stream() -> int:
     """The current CUDA stream's handle, as Triton's JIT launches on it (its driver's
     ``get_current_stream(get_current_device())``), without ``torch.cuda.current_device``'s
-    Python lazy-init check: a launch reaches here only after a CUDA tensor exists."""
-    global _stream
+    Python lazy-init check: a launch reaches here only after a CUDA tensor exists. Binds
+    :data:`current_stream` to the getter it builds, so that only the first call imports
+    and looks up."""
+    global current_stream
     from triton.runtime import driver
 
     active = driver.active
@@ -203,21 +201,14 @@ def _current_stream() -> int:
     def stream() -> int:
         return get_stream(device())
 
-    _stream = stream
+    current_stream = stream
     return stream()
 
 
-_stream = _current_stream  # replaced by the bound getter on first use
-_CACHED: bool | None = None  # None: MX_KERNELS_CACHED_LAUNCH, read per launch
-_CHECK: bool | None = None  # None: MX_KERNELS_CHECK_LAUNCH, read per cached launch
+current_stream = _bind_current_stream
+"""``() -> int``: the handle of the stream a cached launch goes on, looked up as a module
+attribute on each launch (so :mod:`mx_kernels.testing` can stand in for it on CPU);
+replaced by the bound getter on first use."""
 
-
+# MX_KERNELS_CACHED_LAUNCH and MX_KERNELS_CHECK_LAUNCH, read on each launch.
 _read_cached, _read_check = settings.cached_launch, settings.check_launch
-
-
-def _cached() -> bool:
-    return _read_cached() if _CACHED is None else _CACHED
-
-
-def _checking() -> bool:
-    return _read_check() if _CHECK is None else _CHECK

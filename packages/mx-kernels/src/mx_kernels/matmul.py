@@ -36,6 +36,7 @@ import torch
 
 from mx_core import MXTensor, get_format
 from mx_kernels.backend import log_choice, resolve_matmul_backend
+from mx_kernels.bf16_mm import bf16_gemm
 from mx_kernels.library import define_op
 from mx_kernels.matmul_args import (
     EXPECTED_DTYPES,
@@ -111,26 +112,6 @@ def scaled_mm(
         a_q.view(u8), a_scale.view(u8), a_fmt, b_q.view(u8), b_scale.view(u8), b_fmt,
         out_dtype, backend,
     )  # fmt: skip
-
-
-def bf16_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``a @ b`` as the ``dequant_bf16`` design multiplies: operands in bf16 (exact for
-    MX-valued inputs), fp32 accumulation, one rounding to ``out_dtype``; cuBLAS on CUDA,
-    an fp32 matmul elsewhere. a [M, K], b [K, N], any strides; returns [M, N]."""
-    # torch.mm, not ``@``: torch.matmul's dispatch in front of the same GEMM took 81
-    # against 18 us of host time per call for bf16 on CPU (torch 2.13), and the layers
-    # call this three times a step (BENCHMARKS.md, 2026-12-05 'TP layer: where the step
-    # goes').
-    bf16 = torch.bfloat16
-    if a.dtype != bf16:
-        a = a.to(bf16)
-    if b.dtype != bf16:
-        b = b.to(bf16)
-    if not a.is_cuda:
-        return torch.mm(a.float(), b.float()).to(out_dtype)  # bf16 values are exact in fp32
-    if out_dtype == bf16:
-        return torch.mm(a, b)
-    return torch.mm(a, b, out_dtype=torch.float32).to(out_dtype)
 
 
 def bf16_gemm_design(

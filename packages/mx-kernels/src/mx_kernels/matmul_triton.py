@@ -16,9 +16,10 @@ Three designs, selectable by ``design=`` (the benchmark measures each):
   every block). fp4 operands are widened to e4m3 in registers (exact: e2m1 is a subset).
   The scales are read transposed, ``[K // 32, rows]``, so each block's scale vector is
   one contiguous load.
-- ``"dequant_bf16"``: the Triton dequantize (:mod:`mx_kernels.dequant`) writes both
-  operands in bf16 (exact unless a value is below 2^-133), then one bf16 GEMM with fp32
-  accumulation: cuBLAS on CUDA (``torch.mm``), an fp32 matmul under the interpreter.
+- ``"dequant_bf16"``: the Triton dequantize (:mod:`mx_kernels.dequant_triton`) writes
+  both operands in bf16 (exact unless a value is below 2^-133), then one bf16 GEMM with
+  fp32 accumulation (:mod:`mx_kernels.bf16_mm`): cuBLAS on CUDA (``torch.mm``), an fp32
+  matmul under the interpreter.
   Two extra passes over the operands, but the GEMM runs at the bf16 tensor-core rate,
   which neither fused design reaches on sm90.
 """
@@ -33,9 +34,14 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from mx_kernels.backend import interpreter_enabled, persistent_programs
-from mx_kernels.dequant import dequantize_triton
-from mx_kernels.dequant_triton import e8m0_to_fp32, fp4x2_to_e4m3, store_rounded
-from mx_kernels.matmul import DESIGNS, bf16_gemm
+from mx_kernels.bf16_mm import bf16_gemm
+from mx_kernels.dequant_triton import (
+    dequantize_triton,
+    e8m0_to_fp32,
+    fp4x2_to_e4m3,
+    store_rounded,
+)
+from mx_kernels.settings import DESIGNS
 
 __all__ = ["DESIGNS", "TRITON_FORMATS", "autotuned_config", "configs", "scaled_mm_triton"]
 

@@ -39,8 +39,8 @@ class _StandIn:
         if function is not self.function or metadata is not self.packed_metadata:
             raise AssertionError("launched with another kernel's function or metadata")
         runtime, tail = args[: launcher.n_runtime], args[launcher.n_runtime :]
-        if tail != launcher._tail:
-            raise AssertionError(f"constexprs {tail}, compiled with {launcher._tail}")
+        if tail != launcher.tail:
+            raise AssertionError(f"constexprs {tail}, compiled with {launcher.tail}")
         runtime = [_as_jit(a) for a in runtime]
         key = specialization_key(runtime, launcher.tensors)
         if key != self.key:
@@ -83,16 +83,16 @@ def cpu_cached_launches(interpret: bool = True) -> Iterator[collections.Counter]
             )
 
     saved = (KernelLauncher.cached_devices, KernelLauncher.compile, KernelLauncher.check)
-    saved_stream = launch._stream
+    saved_stream = launch.current_stream
     _drop_plans()
     KernelLauncher.cached_devices = (*saved[0], "cpu")
     KernelLauncher.compile, KernelLauncher.check = compile_, check
-    launch._stream = lambda: 0
+    launch.current_stream = lambda: 0
     try:
         yield counts
     finally:
         KernelLauncher.cached_devices, KernelLauncher.compile, KernelLauncher.check = saved
-        launch._stream = saved_stream
+        launch.current_stream = saved_stream
         _drop_plans()
 
 
@@ -116,5 +116,5 @@ def counting_casts() -> Iterator[list[tuple[str, tuple[int, ...]]]]:
 
 
 def _drop_plans() -> None:
-    cast_plan._PLANS.clear()
-    cast_launch._launch_config.cache_clear()
+    cast_plan.clear_plans()
+    cast_launch.launch_config.cache_clear()
