@@ -4,6 +4,8 @@ Everything here is pure PyTorch and runs on any device. ``mx_core.quantize`` is 
 bit-exact reference that the kernels in mx-kernels are tested against.
 """
 
+from mx_core.cast_settings import CastSettings
+from mx_core.choices import CastBackend, ComputePath, ElementFormatName, MatmulBackend
 from mx_core.formats import FORMAT_NAMES, ElementFormat, get_format
 from mx_core.packing import as_float4_x2, pack_fp4, pack_fp6, unpack_fp4, unpack_fp6
 from mx_core.quantize import INPUT_DTYPES, check_quantize_args, dequantize, quantize
@@ -28,8 +30,13 @@ __all__ = [
     "E8M0_NAN",
     "FORMAT_NAMES",
     "INPUT_DTYPES",
+    "CastBackend",
+    "CastSettings",
+    "ComputePath",
     "ElementFormat",
+    "ElementFormatName",
     "MXTensor",
+    "MatmulBackend",
     "ScaleMode",
     "as_float4_x2",
     "check_quantize_args",

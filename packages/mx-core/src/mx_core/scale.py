@@ -47,11 +47,11 @@ fp32 subnormal amax (E = 0) always lands on the clamp, -127, in every mode.
 
 from __future__ import annotations
 
-import enum
 import math
 
 import torch
 
+from mx_core.choices import Choice
 from mx_core.formats import ElementFormat, get_format
 
 __all__ = [
@@ -73,8 +73,11 @@ E8M0_NAN = 255
 _E_MIN, _E_MAX = -127, 127
 
 
-class ScaleMode(str, enum.Enum):
-    """How a block's E8M0 exponent is derived from its amax (formulas in the module doc)."""
+class ScaleMode(Choice, noun="a scale mode", arg="scale_mode"):
+    """How a block's E8M0 exponent is derived from its amax (formulas in the module doc).
+
+    A ``str`` enum (:class:`mx_core.choices.Choice`): ``ScaleMode.parse("rceil")``.
+    """
 
     FLOOR = "floor"
     CEIL = "ceil"
