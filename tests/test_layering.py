@@ -88,8 +88,9 @@ def test_numerics_report_runs():
     assert "semantics table: 368/368 cases as specified" in out
 
 
-BENCHMARKS = ["casts.py", "gemm.py", "linear.py", "dtensor_overhead.py", "host_cost.py",
-              "tp_layer.py", "multi_gpu.py", "inline_ab.py"]  # fmt: skip
+BENCHMARKS = ["casts.py", "gemm.py", "linear.py", "tp_layer.py", "host_cost.py",
+              "dtensor_overhead.py", "parallelize_overhead.py", "multi_gpu.py"]  # fmt: skip
+DIAGNOSTICS = ["diagnose_casts.py", "profile_casts.py", "repro_both_fp4.py"]
 
 
 def test_host_cost_runs_on_cpu_with_the_launch_stubbed():
@@ -102,9 +103,16 @@ def test_host_cost_runs_on_cpu_with_the_launch_stubbed():
     assert "| quantize_both |" in out and "kernel launch stubbed" in out
 
 
-def test_host_step_runs_on_cpu_with_the_launch_stubbed():
+def test_benchmark_scripts_are_the_listed_ones():
+    on_disk = {p.name for p in (ROOT / "tools/bench").glob("*.py")} - {"common.py"}
+    assert on_disk == set(BENCHMARKS)
+    assert {p.name for p in (ROOT / "tools/bench/diagnostics").glob("*.py")} == set(DIAGNOSTICS)
+
+
+def test_host_cost_step_runs_on_cpu_with_the_launch_stubbed():
+    script = str(ROOT / "tools/bench/host_cost.py")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "tools/bench/host_step.py"), "--modes=eager", "--steps=3"],
+        [sys.executable, script, "--step", "--modes=eager", "--steps=3"],
         check=True,
         capture_output=True,
         text=True,
@@ -122,3 +130,12 @@ def test_benchmarks_import_and_parse_arguments(script):
         text=True,
     ).stdout
     assert "--quick" in out
+
+
+@pytest.mark.parametrize("script", DIAGNOSTICS)
+def test_diagnostics_import_and_parse_arguments(script):
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools/bench/diagnostics" / script), "--help"],
+        check=True,
+        capture_output=True,
+    )

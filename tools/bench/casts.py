@@ -1,21 +1,26 @@
 """Benchmark the MX casts against device-to-device copy bandwidth (run on a GPU).
 
 For each bf16 input shape: checks the Triton casts bit-exact against mx-core's reference
-on the GPU, then reports each cast's effective bandwidth (bytes read + bytes written,
-scales included) divided by that of a plain copy of the same input, measured in the same
-run and the same way.
+on the GPU (and the fused cast + dequantize, ``fake_quantize_both``, against quantize +
+dequantize, every format), then reports each cast's effective bandwidth (bytes read +
+bytes written, scales included) divided by that of a plain copy of the same input,
+measured in the same run and the same way: rowwise, colwise, ``both`` (one read, both
+orientations) and the ``fake_`` kinds (fake-quantized values out, MXLinear's sm90 path).
 
 Timing: kernels back to back in a CUDA graph (``do_bench_cudagraph``), the judged figure,
 and ``do_bench`` (one launch from Python per timing, L2 flushed before each) beside it.
 A cast's Python launch path takes 60-110 us on the H200 host, longer than its kernel
 at 16384x4096, and ``do_bench`` counts the GPU waiting for it: that read 0.42-0.68 for
-kernels whose CUDA-graph and profiler (CUPTI) times said 0.98-0.99 (BENCHMARKS.md,
+kernels whose CUDA-graph and profiler (CUPTI) times said 0.98-0.99 (docs/benchmark-log.md,
 2026-12-03 'Casts: CUDA-graph timing'). The host time per call is reported in its own
 column.
 
-Targets: rowwise >= 0.90, columnwise >= 0.85, both-in-one-pass >= 0.85.
+Targets (of copy bandwidth, CUDA graph): rowwise >= 0.90, columnwise >= 0.85,
+both-in-one-pass >= 0.85.
 
-Usage: python tools/bench/casts.py [--quick] [--sweep] [--fmt fp8_e4m3] [--mode rceil]
+Usage: cd tools/bench && python3 casts.py --check quick --sweep   (BENCHMARKS.md's table)
+       python3 tools/bench/casts.py [--quick] [--sweep] [--check full|quick]
+       [--fmt fp8_e4m3] [--mode rceil]
 Writes the table to $OUT/casts.md too when OUT is set.
 """
 
@@ -26,20 +31,21 @@ import sys
 import time
 
 import torch
-import triton
-from report import publish
+from common import (
+    CopyBaseline,
+    cast_bytes,
+    environment,
+    graph_and_bench_ms,
+    md_table,
+    publish,
+    run_cast,
+    same_bits,
+)
 
 import mx_core
 import mx_kernels
 from mx_core.testing import SEMANTIC_CASES, semantic_inputs
-from mx_kernels.cast_launch import (
-    TILE_CONFIGS,
-    CastTile,
-    _empty_both,
-    _empty_cast,
-    _empty_cast_t,
-    _launch,
-)
+from mx_kernels.cast_launch import TILE_CONFIGS, CastTile
 
 SHAPES = [(16384, 4096), (16384, 8192), (8192, 14336)]
 QUICK_SHAPES = [(4096, 4096)]
@@ -64,12 +70,6 @@ SWEEP = {
 }
 
 
-def _bench(fn) -> tuple[float, float]:
-    """Median milliseconds: (in a CUDA graph, from Python launches with do_bench)."""
-    graph = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
-    return graph, triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
-
-
 def _host_us(fn, calls: int = 200) -> float:
     """Host microseconds per call of ``fn``, launches queued without waiting."""
     torch.cuda.synchronize()
@@ -79,10 +79,6 @@ def _host_us(fn, calls: int = 200) -> float:
     elapsed = time.perf_counter() - start
     torch.cuda.synchronize()
     return elapsed / calls * 1e6
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def check_bit_exact(device: str, quick: bool = False, modes=None, dtypes=None) -> list[str]:
@@ -115,7 +111,7 @@ def check_bit_exact(device: str, quick: bool = False, modes=None, dtypes=None) -
                             pairs = [
                                 (o, w) for o, w in zip(out, want, strict=True) if o is not None
                             ]
-                            if not all(_same(o, w) for o, w in pairs):
+                            if not all(same_bits(o, w) for o, w in pairs):
                                 failures.append(
                                     f"{kind} {fmt} {mode} {dtype} {tuple(x.shape)} "
                                     f"hw_round={hw_round}"
@@ -129,40 +125,6 @@ def check_bit_exact(device: str, quick: bool = False, modes=None, dtypes=None) -
     for f in failures[:20]:
         print("  FAILED", f)
     return failures
-
-
-def cast_bytes(kind: str, m: int, k: int, in_bytes: int) -> int:
-    """Bytes a cast must move: input read once; fp8 data and E8M0 scales written per
-    orientation, or for the "fake_" kinds the fake-quantized values in x's dtype."""
-    one = in_bytes * m * k if kind.startswith("fake_") else m * k + m * k // 32
-    return m * k * in_bytes + (2 * one if kind.endswith("both") else one)
-
-
-def run_cast(kind, x, fmt, mode, tile=None, hw_round=None):
-    """A closure that runs one Triton cast into preallocated outputs and returns them as
-    (q_row, s_row, q_col, s_col), None where not computed. Kinds "fake_rowwise",
-    "fake_colwise" and "fake_both" write the fake-quantized values ([M, K], x's dtype)
-    as q_row / q_col and no scales."""
-    f = mx_core.get_format(fmt)
-    fake = kind.startswith("fake_")
-    q_row = s_row = q_col = s_col = None
-    if fake:
-        q_row, q_col = (torch.empty_like(x) if kind.endswith(o) or kind.endswith("both")
-                        else None for o in ("rowwise", "colwise"))  # fmt: skip
-    else:  # fp4 qdata is packed: [M, K // 2]
-        if kind == "rowwise":
-            q_row, s_row = _empty_cast(x.shape, f, 32, x.device)
-        elif kind == "colwise":
-            q_col, s_col = _empty_cast_t(x.shape, f, 32, x.device)
-        else:  # column-major rowwise scales, as mx_kernels.quantize_both has them
-            q_row, s_row_buf, q_col, s_col = _empty_both(x.shape, f, 32, x.device)
-            s_row = s_row_buf.t()
-
-    def run():
-        _launch(x, f, 32, mode, q_row, s_row, q_col, s_col, tile, hw_round, dequantized=fake)
-        return q_row, s_row, q_col, None if s_col is None else s_col.t()
-
-    return run
 
 
 def main(argv=None) -> int:
@@ -179,17 +141,13 @@ def main(argv=None) -> int:
     p.add_argument("--mode", default="rceil")
     args = p.parse_args(argv)
     dev = DEVICE
-    props = torch.cuda.get_device_properties(0)
-    print(
-        f"GPU {props.name} (sm{props.major}{props.minor}, {props.multi_processor_count} SMs), "
-        f"torch {torch.__version__}, triton {triton.__version__}"
-    )
+    print(environment())
     failures = check_bit_exact(dev, quick=args.check == "quick")
     x = torch.randn(256, 512, device=dev, dtype=torch.bfloat16)
     api = mx_kernels.quantize_both(x)  # the public ops, auto backend
     ref = mx_core.quantize(x), mx_core.quantize(x.t().contiguous())
     want = (ref[0].qdata, ref[0].scale, ref[1].qdata, ref[1].scale)
-    if not all(_same(a, w) for a, w in zip(api, want, strict=True)):
+    if not all(same_bits(a, w) for a, w in zip(api, want, strict=True)):
         failures.append("mx_kernels.quantize_both (auto) differs from mx_core.quantize")
         print("  FAILED public API check")
     for fmt in mx_core.FORMAT_NAMES:  # the fused cast + dequantize (MXLinear's sm90 path)
@@ -201,10 +159,8 @@ def main(argv=None) -> int:
     print(f"fake_quantize_both check, every format: {failures or 'all equal'}")
 
     shapes = QUICK_SHAPES if args.quick else SHAPES
-    big = torch.randn(max(m * k for m, k in shapes), device=dev, dtype=torch.bfloat16)
-    dst = torch.empty_like(big)
-    for _ in range(2000):  # ~0.3 s of copies first: the GPU idles at 390 MHz
-        dst.copy_(big)
+    baseline = CopyBaseline(max(m * k for m, k in shapes), dev)
+    baseline.warm_up()
     # Then ~2 s of the casts themselves (and their compilation at the first shape).
     m0, k0 = shapes[0]
     x0 = torch.randn(m0, k0, device=dev, dtype=torch.bfloat16)
@@ -216,13 +172,7 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
     del warm, x0
 
-    def copy_tbs(numel: int) -> tuple[float, float]:
-        """A device-to-device copy of ``numel`` bf16 elements, TB/s (read + written):
-        (in a CUDA graph, with do_bench)."""
-        graph, events = _bench(lambda: dst[:numel].copy_(big[:numel]))
-        return 4 * numel / graph / 1e9, 4 * numel / events / 1e9
-
-    copies = {shape: copy_tbs(shape[0] * shape[1]) for shape in shapes}
+    copies = {shape: baseline.tbs(shape[0] * shape[1]) for shape in shapes}
     print("device-to-device copy of each input (CUDA graph / do_bench): " + ", ".join(
         f"{m}x{k} {g:.2f} / {e:.2f} TB/s" for (m, k), (g, e) in copies.items()))  # fmt: skip
 
@@ -230,7 +180,7 @@ def main(argv=None) -> int:
 
     def timed(shape, name, label, fn, nbytes, target=None) -> float:
         """Time ``fn`` both ways, add its row, return its CUDA-graph ratio to copy."""
-        (graph, events), (copy_graph, copy_events) = _bench(fn), copies[shape]
+        (graph, events), (copy_graph, copy_events) = graph_and_bench_ms(fn), copies[shape]
         bw = nbytes / graph / 1e9
         ratio, ratio_events = bw / copy_graph, nbytes / events / 1e9 / copy_events
         rows.append((f"{shape[0]}x{shape[1]}", name, label, graph, bw, ratio, ratio_events,
@@ -252,11 +202,11 @@ def main(argv=None) -> int:
                 try:
                     if tile is not None:  # every swept tile computes the checked default's bits
                         out = [t for t in run() if t is not None]
-                        if not all(_same(o, d) for o, d in zip(out, default_out, strict=True)):
+                        if not all(same_bits(o, d) for o, d in zip(out, default_out, strict=True)):
                             failures.append(f"{kind} tile {tile} differs from the default tile")
                             print(f"  FAILED {kind} tile {tile}: differs from the default tile")
                             continue
-                        graph, _ = _bench(run)
+                        graph, _ = graph_and_bench_ms(run)
                         ratio = nbytes / graph / 1e9 / copies[(m, k)][0]
                     else:  # the default tile's row; targets are judged on it
                         ratio = timed((m, k), kind, label, run, nbytes, TARGETS.get(kind))
@@ -279,28 +229,25 @@ def main(argv=None) -> int:
         timed((m, k), "dequantize_rowwise -> bf16", "-",
               lambda q=q, s=s: mx_kernels.dequantize_rowwise(q, s, args.fmt), nbytes)  # fmt: skip
 
-    lines = [
+    note = (
         "/ copy: TB/s over a device-to-device copy of the same input, timed the same way in "
         "the same run (CUDA graph: "
         + ", ".join(f"{m}x{k} {g:.2f}" for (m, k), (g, _) in copies.items())
         + " TB/s; do_bench: "
         + ", ".join(f"{m}x{k} {e:.2f}" for (m, k), (_, e) in copies.items())
         + f" TB/s); {args.fmt}, scale mode {args.mode}, bf16 in. ms, TB/s and targets: CUDA "
-        "graph; host us: Python launch time per call",
-        "",
-        "| shape | cast | default tile | ms | TB/s | / copy | / copy, do_bench | host us "
-        "| target | best swept tile: / copy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        "graph; host us: Python launch time per call"
+    )
+    header = ["shape", "cast", "default tile", "ms", "TB/s", "/ copy", "/ copy, do_bench",
+              "host us", "target", "best swept tile: / copy"]  # fmt: skip
+    table = []
     for shape, kind, label, ms, bw, ratio, ratio_ev, host, target, swept in rows:
         verdict = (
             "-" if target is None else f"{target:.2f} {'met' if ratio >= target else 'MISSED'}"
         )
-        lines.append(
-            f"| {shape} | {kind} | {label} | {ms:.3f} | {bw:.2f} | {ratio:.3f} | {ratio_ev:.3f} "
-            f"| {host:.0f} | {verdict} | {swept} |"
-        )
-    publish("\n".join(lines), "casts.md")
+        table.append((shape, kind, label, f"{ms:.3f}", f"{bw:.2f}", f"{ratio:.3f}",
+                      f"{ratio_ev:.3f}", f"{host:.0f}", verdict, swept))  # fmt: skip
+    publish(f"{note}\n\n{md_table(header, table)}", "casts.md")
     return 1 if failures else 0
 
 

@@ -28,7 +28,9 @@ A one-rank CUDA mesh (NCCL, world size 1). Two parts:
    plain tensors and DTensors, its DTensor / plain ratio in the same run (what DTensor
    costs around a layer that has no mx ops at all).
 
-Usage: python tools/bench/dtensor_overhead.py [--quick] [--compile] [--recipe mxfp8]
+Usage: cd tools/bench && python3 dtensor_overhead.py --compile   (BENCHMARKS.md's table;
+       run_all.sh's dtensor step)
+       python3 tools/bench/dtensor_overhead.py [--quick] [--compile] [--recipe mxfp8]
        [--skip-block]
 Writes the table to $OUT/dtensor_overhead.md too when OUT is set.
 """
@@ -41,32 +43,36 @@ import importlib.util
 import logging
 import sys
 import traceback
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import triton
-from report import publish
+from common import (
+    ROOT,
+    TOKENS,
+    bench_ms,
+    environment,
+    llama3_8b_linears,
+    md_table,
+    mx_nn_private,
+    publish,
+    step_fn,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import mx_nn
-import mx_nn.linear as mx_linear
 
-ROOT = Path(__file__).resolve().parents[2]
 TARGET = 1.03
-TOKENS = 8192
+# k and v have one shape, and so do gate and up: one row each.
+ROW_NAMES = {"q": "q", "k": "k/v", "o": "o", "gate": "gate/up", "down": "down"}
 
 
 def llama3_8b_shapes(tp: int) -> list[tuple[str, str, int, int, int]]:
     """(layer, style, M, K, N) per rank of a Llama-3-8B layer at tensor parallelism tp."""
-    d, kv, ffn = 4096, 1024, 14336
     return [
-        (f"q tp{tp}", "colwise", TOKENS, d, d // tp),
-        (f"k/v tp{tp}", "colwise", TOKENS, d, kv // tp),
-        (f"o tp{tp}", "rowwise", TOKENS, d // tp, d),
-        (f"gate/up tp{tp}", "colwise", TOKENS, d, ffn // tp),
-        (f"down tp{tp}", "rowwise", TOKENS, ffn // tp, d),
+        (f"{ROW_NAMES[s.name]} tp{tp}", s.style, TOKENS, s.in_features, s.out_features)
+        for s in llama3_8b_linears(tp)
+        if s.name in ROW_NAMES
     ]
 
 
@@ -172,12 +178,9 @@ def layer_results_equal(plain, x, dt, x_dt, grad, grad_dt) -> bool:
 
 
 def time_step(module, x, grad, params) -> float:
-    def step():
-        y = module(x)
-        y.backward(grad)
-
+    step = step_fn(module, x, grad)
     step()  # compile / warm up
-    return triton.testing.do_bench(step, grad_to_none=[x, *params], return_mode="median")
+    return bench_ms(step, grad_to_none=[x, *params])
 
 
 def main(argv=None) -> int:
@@ -192,8 +195,7 @@ def main(argv=None) -> int:
         p.error("needs a CUDA GPU (a one-rank CUDA mesh)")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("mx_nn").setLevel(logging.INFO)  # which path MXLinear runs
-    props = torch.cuda.get_device_properties(0)
-    print(f"GPU {props.name}, torch {torch.__version__}, triton {triton.__version__}")
+    print(environment())
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     ok = True
     try:
@@ -226,11 +228,8 @@ def main(argv=None) -> int:
                         ca, c_x, grad, [c_plain.weight]
                     )
                     if mode == "eager":
-                        mx_linear._LOCAL_SHARDS = False
-                        try:
+                        with mx_nn_private(local_shards=False):
                             t_dispatch = time_step(b, x_dt, grad_dt, [dt.weight])
-                        finally:
-                            mx_linear._LOCAL_SHARDS = True
                 except Exception:
                     traceback.print_exc()
                     ok = False
@@ -241,19 +240,16 @@ def main(argv=None) -> int:
                              t_dispatch, control))  # fmt: skip
     finally:
         dist.destroy_process_group()
-    lines = [
-        "| layer | style | M x K x N | mode | plain ms | DTensor ms | DTensor / plain |"
-        f" <= {TARGET} | output bit-equal | dispatch ms (context) |"
-        " nn.Linear DTensor / plain (control) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, style, shape, mode, t_plain, t_dt, ratio, equal, t_dispatch, control in rows:
-        lines.append(
-            f"| {name} | {style} | {shape} | {mode} | {t_plain:.3f} | {t_dt:.3f} | "
-            f"{ratio:.3f} | {'yes' if ratio <= TARGET else 'NO'} | {'yes' if equal else 'NO'} "
-            f"| {t_dispatch:.3f} | {control:.3f} |"
-        )
-    publish("\n".join(lines), "dtensor_overhead.md")
+    header = ["layer", "style", "M x K x N", "mode", "plain ms", "DTensor ms", "DTensor / plain",
+              f"<= {TARGET}", "output bit-equal", "dispatch ms (context)",
+              "nn.Linear DTensor / plain (control)"]  # fmt: skip
+    table = [
+        (name, style, shape, mode, f"{t_plain:.3f}", f"{t_dt:.3f}", f"{ratio:.3f}",
+         "yes" if ratio <= TARGET else "NO", "yes" if equal else "NO", f"{t_dispatch:.3f}",
+         f"{control:.3f}")
+        for name, style, shape, mode, t_plain, t_dt, ratio, equal, t_dispatch, control in rows
+    ]  # fmt: skip
+    publish(md_table(header, table), "dtensor_overhead.md")
     return 0 if ok else 1
 
 

@@ -17,10 +17,14 @@ more than 1e-2 (relative Frobenius error, bf16 output) from the emulated one fai
 run: exit status 1, after the table is printed. The markdown table is also written to
 ``$OUT/gemm.md`` when ``OUT`` is set.
 
+Target: ``scaled_mm`` (auto: design ``dequant_bf16`` on sm90) at >= 1.0x bf16 cuBLAS's
+speed (bf16 time / MX time), floor 0.85x.
+
 Usage (from the repository root, on a GPU machine)::
 
-    python tools/bench/gemm.py            # the four LLM shapes, ~2-4 minutes on an H200
-    python tools/bench/gemm.py --quick    # one small shape (smoke test)
+    python3 tools/bench/gemm.py --designs dequant_bf16   # BENCHMARKS.md's first table
+    python3 tools/bench/gemm.py            # every design, the four LLM shapes, ~2-4 min
+    python3 tools/bench/gemm.py --quick    # one small shape (smoke test)
 """
 
 from __future__ import annotations
@@ -30,20 +34,15 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-# Run against the working tree, installed or not.
-sys.path[:0] = [str(ROOT / "packages/mx-core/src"), str(ROOT / "packages/mx-kernels/src")]
+import torch
+import triton
+from common import bench_ms, environment, publish
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from report import publish  # noqa: E402
-
-import mx_kernels  # noqa: E402
-from mx_core import quantize  # noqa: E402
-from mx_kernels import matmul_triton  # noqa: E402
-from mx_kernels.matmul import scaled_mm_cublas, scaled_mm_reference  # noqa: E402
+import mx_kernels
+from mx_core import quantize
+from mx_kernels import matmul_triton
+from mx_kernels.matmul import scaled_mm_cublas, scaled_mm_reference
 
 SHAPES = [(8192, 8192, 8192), (16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096)]
 QUICK_SHAPES = [(2048, 2048, 2048)]
@@ -65,10 +64,6 @@ class Row:
         return None if self.ms is None else 2 * m * n * k / (self.ms * 1e-3) / 1e12
 
 
-def _bench(fn: Callable[[], object]) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm()).item()
 
@@ -85,7 +80,7 @@ def _measure(rows: list[Row], row: Row, fn: Callable[[], torch.Tensor], ref=None
         torch.cuda.synchronize()
         if ref is not None:
             row.rel_err = _rel_err(out, ref)
-        row.ms = _bench(fn)
+        row.ms = bench_ms(fn)
     except Exception as e:  # a failing implementation is a result, not the end of the run
         row.note = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
         traceback.print_exc()
@@ -230,13 +225,8 @@ def main() -> int:
         print("gemm.py needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the emulated reference is exact fp32
-    props = torch.cuda.get_device_properties(0)
-    header = (
-        f"# MX GEMM ({opts.fmt} x {opts.fmt} -> bf16) on {props.name} "
-        f"(sm{props.major}{props.minor}, {props.multi_processor_count} SMs), "
-        f"torch {torch.__version__}, triton {triton.__version__}"
-    )
-    print(header, flush=True)
+    header = f"# MX GEMM ({opts.fmt} x {opts.fmt} -> bf16)"
+    print(f"{header}: {environment()}", flush=True)
     check_failures = check_dequant()
     rows: list[Row] = []
     for m, k, n in QUICK_SHAPES if opts.quick else SHAPES:

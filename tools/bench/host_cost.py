@@ -1,4 +1,5 @@
-"""Host time per call of every cast and fake-quantize op (run on a GPU, or --cpu-stub).
+"""Host time per call of every cast and fake-quantize op (run on a GPU, or --cpu-stub),
+and with ``--step`` the host time of one step of tp_layer.py's seven linears (CPU).
 
 Wall time per call of N calls queued back to back on a small bf16 tensor (256x1024: the
 kernels take a few microseconds, so the GPU waits for the host and the figure is the
@@ -20,9 +21,24 @@ dispatcher cost of each layer, without a GPU.
 
 ``--check`` first runs each op on CUDA tensors of awkward shapes, strides and
 alignments twice (the compiled kernel's first launch, then the cached one) with
-``MX_KERNELS_CHECK_LAUNCH=1`` semantics and compares the bits with mx-core's reference.
+``MX_KERNELS_CHECK_LAUNCH=1`` and compares the bits with mx-core's reference.
 
-Usage: python tools/bench/host_cost.py [--check] [--cpu-stub] [--calls 2000]
+``--step``: the Python and dispatcher work that an MX step adds to a bf16 one, on CPU
+with the cast launches stubbed, measurable without a GPU (to compare two trees; the
+GPU's host is slower, and its figures come from ``tp_layer.py --profile``). The seven
+linears have tp_layer's structure (q/k/v read one input, gate/up another) at tiny
+widths (``--tokens`` tokens; q/k/v ``--hidden`` -> hidden/4, o hidden/4 -> hidden,
+gate/up hidden -> hidden/2, down hidden/2 -> hidden), so that the CPU's GEMMs cost
+little; MXLinear runs its fused path (``compute_path="fake_quant"``, Triton casts)
+through the cached launch path of CUDA tensors with each launch a no-op, and its bf16
+GEMMs as on CUDA (``torch.mm`` of the bf16 operands; on CPU ``bf16_gemm`` multiplies in
+fp32). Wall time per step, microseconds, best of rounds of steps queued back to back.
+No target: context for the eager step's host cost (docs/benchmark-log.md, 2026-12-06
+'TP layer: the eager step's Python').
+
+Usage: cd tools/bench && python3 host_cost.py --check --quick   (BENCHMARKS.md's table)
+       python3 tools/bench/host_cost.py [--check] [--cpu-stub] [--calls 2000] [--profile]
+       python3 tools/bench/host_cost.py --step [--modes eager,compiled] [--steps 200]
 Writes the table to $OUT/host_cost.md (--cpu-stub: host_cost_cpu.md) too when OUT is set.
 """
 
@@ -34,12 +50,23 @@ import os
 import sys
 
 import torch
-from report import publish, wall_per_call
+from common import (
+    LinearShape,
+    SevenLinears,
+    bf16_and_mx,
+    environment,
+    md_table,
+    mx_nn_private,
+    publish,
+    seven_linear_inputs,
+    step_fn,
+    wall_per_call,
+)
 
 import mx_core
 import mx_kernels
 from mx_core.testing import assert_same_bits
-from mx_kernels import cast_plan, launch
+from mx_kernels import cast_plan
 
 TARGET_US = 20.0
 FMT, BS, MODE = "fp8_e4m3", 32, "rceil"
@@ -56,7 +83,7 @@ _BODIES = {
 
 
 def per_call(fn, calls: int, rounds: int) -> float:
-    """Microseconds per call (:func:`report.wall_per_call`)."""
+    """Microseconds per call (:func:`common.wall_per_call`)."""
     return wall_per_call(fn, calls, warmup=50, rounds=rounds) * 1e6
 
 
@@ -89,6 +116,7 @@ def both_outputs(x: torch.Tensor, backend: str) -> dict:
     for n in sizes[:-1]:
         offsets.append(offsets[-1] + -(-n // 16) * 16)  # 16-byte aligned views
     total = offsets[-1] + sizes[-1]
+
     def separate():  # as the plan does
         return [alloc() for alloc in plan.allocs]
 
@@ -108,7 +136,18 @@ CHECK_SHAPES = [(32, 32), (17 * 32, 96), (256, 1024), (96, 4096)]
 def check() -> bool:
     """Every op against mx-core on awkward CUDA inputs, twice each (first and cached
     launch), the launcher checking Triton's choice of compiled kernel on each hit."""
-    launch._CHECK = True
+    before = os.environ.get("MX_KERNELS_CHECK_LAUNCH")
+    os.environ["MX_KERNELS_CHECK_LAUNCH"] = "1"  # read on each cached launch
+    try:
+        return _check()
+    finally:
+        if before is None:
+            os.environ.pop("MX_KERNELS_CHECK_LAUNCH")
+        else:
+            os.environ["MX_KERNELS_CHECK_LAUNCH"] = before
+
+
+def _check() -> bool:
     ok = True
     torch.manual_seed(0)
     for m, k in CHECK_SHAPES:
@@ -142,8 +181,44 @@ def check() -> bool:
                     ok = False
                     print(f"check FAILED at {m}x{k} {name}: {e}")
     print(f"check: {'all equal' if ok else 'FAILED'}")
-    launch._CHECK = False
     return ok
+
+
+def tiny_linears(hidden: int) -> list[LinearShape]:
+    """``--step``'s seven linears: tp_layer's structure at widths hidden, /4 and /2."""
+    small, ffn = hidden // 4, hidden // 2
+    dims = [("q", "colwise", hidden, small), ("k", "colwise", hidden, small),
+            ("v", "colwise", hidden, small), ("o", "rowwise", small, hidden),
+            ("gate", "colwise", hidden, ffn), ("up", "colwise", hidden, ffn),
+            ("down", "rowwise", ffn, hidden)]  # fmt: skip
+    return [LinearShape(name=n, style=s, in_features=k, out_features=o) for n, s, k, o in dims]
+
+
+def _gemm_as_on_cuda(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    bf16 = torch.bfloat16
+    a, b = a.to(bf16), b.to(bf16)
+    return torch.mm(a, b) if out_dtype == bf16 else torch.mm(a, b).to(out_dtype)
+
+
+def step_cost(modes: list[str], steps: int, tokens: int, hidden: int) -> None:
+    """Print each mode's bf16 and MX wall time per step (``--step``, module doc)."""
+    import mx_nn
+    from mx_kernels.testing import cpu_cached_launches
+
+    torch.set_num_threads(1)
+    shapes = tiny_linears(hidden)
+    config = mx_nn.MXLinearConfig(compute_path="fake_quant", cast_backend="triton")
+    bf16, mx = bf16_and_mx(lambda: SevenLinears(shapes, "cpu"), config)
+    xs, grads = seven_linear_inputs(shapes, tokens, "cpu")
+    with mx_nn_private(bf16_gemm=_gemm_as_on_cuda), cpu_cached_launches(interpret=False):
+        for mode in modes:
+            times = {}
+            for name, model in (("bf16", bf16), ("mx", mx)):
+                model = torch.compile(model) if mode == "compiled" else model
+                times[name] = wall_per_call(step_fn(model, xs, grads), steps, warmup=5) * 1e6
+            print(f"{mode}: bf16 {times['bf16']:.0f} us/step, MX {times['mx']:.0f} us/step "
+                  f"(+{times['mx'] - times['bf16']:.0f})", flush=True)  # fmt: skip
+    print(f"{tokens} tokens, hidden {hidden}, cast launches stubbed; {environment()}")
 
 
 def main() -> int:
@@ -154,12 +229,26 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="timing rounds (best of)")
     p.add_argument("--quick", action="store_true", help="500 calls per round")
     p.add_argument("--profile", action="store_true", help="cProfile 500 quantize_rowwise calls")
+    p.add_argument("--step", action="store_true", help="one seven-linear step's host time, CPU")
+    p.add_argument("--modes", default="eager,compiled", help="--step: eager and/or compiled")
+    p.add_argument("--steps", type=int, default=200, help="--step: steps per timing round")
+    p.add_argument("--tokens", type=int, default=32, help="--step: tokens per step")
+    p.add_argument("--hidden", type=int, default=128, help="--step: the widest linear's width")
     a = p.parse_args()
     calls = 500 if a.quick else a.calls
     if a.cpu_stub and a.check:
         p.error("--check runs on CUDA (the tests run the cached path on CPU)")
+    if a.step and (a.check or a.cpu_stub or a.profile):
+        p.error("--step: not with --check, --cpu-stub or --profile (it runs on CPU, stubbed)")
+    if a.cpu_stub or a.step:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # the casts' CPU path reads it per call
+    if a.step:
+        modes = a.modes.split(",")
+        if set(modes) - {"eager", "compiled"}:
+            p.error(f"--modes {a.modes!r}: allowed eager, compiled")
+        step_cost(modes, a.steps, a.tokens, a.hidden)
+        return 0
     if a.cpu_stub:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import
         from mx_kernels.testing import cpu_cached_launches
 
         device, backend, stub = "cpu", "triton", cpu_cached_launches(interpret=False)
@@ -193,23 +282,17 @@ def timings(device: str, backend: str, calls: int, rounds: int) -> str:
     }
     yard.update(both_outputs(x, backend))
     yard_us = {k: per_call(fn, calls, rounds) for k, fn in yard.items()}
-    rows = [
-        "| op | public | op | body | plan | launch | dispatch | lookup | allocs | target |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = []
     for name, fns in layers(x, backend).items():
         public, op, body, plan, launch_ = (per_call(fn, calls, rounds) for fn in fns)
         met = "-" if device != "cuda" else "met" if public <= TARGET_US else "MISSED"
-        rows.append(
-            f"| {name} | {public:.1f} | {op:.1f} | {body:.1f} | {plan:.1f} | {launch_:.1f} | "
-            f"{op - body:.1f} | {public - plan:.1f} | {plan - launch_:.1f} | {met} |"
-        )
-    rows.append(
-        "\nus per call; in the same run: " + ", ".join(f"{k} {v:.1f}" for k, v in yard_us.items())
-    )
-    where = torch.cuda.get_device_name() if device == "cuda" else "CPU, kernel launch stubbed"
-    rows.append(f"torch {torch.__version__}, {where}")
-    return "\n".join(rows)
+        us = (public, op, body, plan, launch_, op - body, public - plan, plan - launch_)
+        rows.append((name, *(f"{t:.1f}" for t in us), met))
+    header = ["op", "public", "op", "body", "plan", "launch", "dispatch", "lookup", "allocs",
+              "target"]  # fmt: skip
+    yardsticks = ", ".join(f"{k} {v:.1f}" for k, v in yard_us.items())
+    where = "" if device == "cuda" else "; CPU, kernel launch stubbed"
+    return f"{md_table(header, rows)}\n\nus per call; in the same run: {yardsticks}{where}"
 
 
 if __name__ == "__main__":

@@ -1,40 +1,34 @@
 """Benchmark MXLinear forward + backward against bf16 nn.Linear (run on a GPU).
 
 For each (M, K, N): the same bf16 weights in nn.Linear and MXLinear ("mxfp8" recipe),
-input [M, K] bf16; times forward + backward (median, ms), eager and with --compile also
-torch.compile'd, and the peak memory of one step. Checks the MX output's SQNR against
-bf16 first.
+input [M, K] bf16; times forward + backward (``do_bench`` median, ms), eager and with
+--compile also torch.compile'd, and the peak memory of one step. Checks the MX output's
+SQNR against bf16 first (>= 25 dB), and on sm90 the fused path against the MX path.
 
-Targets: compiled MXLinear <= 1.0x the bf16 time; eager <= 1.1x.
+Targets (MX time / bf16 time): compiled MXLinear <= 1.0x; eager <= 1.1x.
 
-Usage: python tools/bench/linear.py [--quick] [--compile] [--recipe mxfp8]
+Usage: python3 tools/bench/linear.py --compile   (BENCHMARKS.md's table; run_all.sh's
+       linear step)
+       python3 tools/bench/linear.py [--quick] [--compile] [--recipe mxfp8]
 Writes the table to $OUT/linear.md too when OUT is set.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import logging
 import sys
 import traceback
 
 import torch
-import triton
-from report import publish
+from common import bench_ms, environment, md_table, publish, step_fn
 
 import mx_nn
 from mx_core.testing import sqnr_db
 
 SHAPES = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096)]
-
-
-def step_fn(module, x, grad):
-    def step():
-        y = module(x)
-        y.backward(grad)
-
-    return step
 
 
 def same_as_mx_path(mx, x, grad) -> bool:
@@ -75,20 +69,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("mx_nn").setLevel(logging.INFO)  # which path MXLinear runs
-    props = torch.cuda.get_device_properties(0)
-    print(
-        f"GPU {props.name}, torch {torch.__version__}, triton {triton.__version__}, "
-        f"recipe {args.recipe}"
-    )
+    print(f"{environment()}; recipe {args.recipe}")
     shapes = [(4096, 4096, 4096)] if args.quick else SHAPES
     rows, ok = [], True
     for m, k, n in shapes:
         ref = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
-        mx = mx_nn.MXLinear.from_linear(
-            torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16),
-            mx_nn.MXLinearConfig.from_recipe(args.recipe),
-        )
-        mx.weight = torch.nn.Parameter(ref.weight.detach().clone())
+        config = mx_nn.MXLinearConfig.from_recipe(args.recipe)
+        mx = mx_nn.MXLinear.from_linear(copy.deepcopy(ref), config)  # the same weights
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         grad = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         sqnr = sqnr_db(ref(x).float(), mx(x).float())
@@ -97,7 +84,8 @@ def main(argv=None) -> int:
         variants = [("eager", ref, mx)]
         if args.compile:
             # Default torch.compile: the third shape recompiles with dynamic sizes, which
-            # torch 2.11 used to fail on (BENCHMARKS.md).
+            # torch 2.11 used to fail on (docs/benchmark-log.md, 2026-12-02 'MXLinear: MX
+            # path').
             variants.append(("compiled", torch.compile(ref), torch.compile(mx)))
         for mode, r, q in variants:
             times, mems = [], []
@@ -111,35 +99,14 @@ def main(argv=None) -> int:
                     times.append(float("nan"))
                     mems.append(float("nan"))
                     continue
-                times.append(
-                    triton.testing.do_bench(
-                        step, grad_to_none=[x, ref.weight, mx.weight], return_mode="median"
-                    )
-                )
+                times.append(bench_ms(step, grad_to_none=[x, ref.weight, mx.weight]))
                 mems.append(peak_mib(step))
-            rows.append(
-                (
-                    f"{m}x{k}x{n}",
-                    mode,
-                    times[0],
-                    times[1],
-                    times[1] / times[0],
-                    mems[0],
-                    mems[1],
-                    sqnr,
-                )
-            )
-    lines = [
-        "| M x K x N | mode | bf16 ms | MX ms | MX / bf16 | bf16 peak MiB | MX peak MiB |"
-        " output SQNR dB |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for shape, mode, t_ref, t_mx, ratio, m_ref, m_mx, sqnr in rows:
-        lines.append(
-            f"| {shape} | {mode} | {t_ref:.3f} | {t_mx:.3f} | {ratio:.2f} | "
-            f"{m_ref:.0f} | {m_mx:.0f} | {sqnr:.1f} |"
-        )
-    publish("\n".join(lines), "linear.md")
+            rows.append((f"{m}x{k}x{n}", mode, f"{times[0]:.3f}", f"{times[1]:.3f}",
+                         f"{times[1] / times[0]:.2f}", f"{mems[0]:.0f}", f"{mems[1]:.0f}",
+                         f"{sqnr:.1f}"))  # fmt: skip
+    header = ["M x K x N", "mode", "bf16 ms", "MX ms", "MX / bf16", "bf16 peak MiB",
+              "MX peak MiB", "output SQNR dB"]  # fmt: skip
+    publish(md_table(header, rows), "linear.md")
     return 0 if ok else 1
 
 

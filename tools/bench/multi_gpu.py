@@ -2,6 +2,7 @@
 bf16's, and tokens/s of bf16 against mxfp8 under TP, FSDP and both (run under torchrun).
 
   torchrun --nproc-per-node N tools/bench/multi_gpu.py [--quick] [--device cpu]
+           [--parts check,gather,throughput]
 
 On CUDA it uses NCCL and must run with NVLink multicast off (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1: set here when unset); with
@@ -33,7 +34,7 @@ for _var, _val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from report import publish  # noqa: E402
+from common import LLAMA3_8B, TOKENS, llama3_8b_config, publish  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
 import mx_dtensor  # noqa: E402
@@ -96,7 +97,7 @@ def _timed(fn, reps: int = 20) -> float:
 
 
 def gather(world: int, device: str, quick: bool) -> list[str]:
-    tokens, hidden = (256, 256) if quick else (8192, 4096)
+    tokens, hidden = (256, 256) if quick else (TOKENS, LLAMA3_8B["dim"])
     mesh = init_device_mesh(device, (world,), mesh_dim_names=("tp",))
     x = torch.randn(1, tokens // world, hidden, device=device, dtype=torch.bfloat16)
     group = mesh.get_group()
@@ -114,11 +115,11 @@ def gather(world: int, device: str, quick: bool) -> list[str]:
 
 
 def throughput(world: int, device: str, quick: bool) -> list[str]:
-    cfg = mx_nn.LlamaConfig(
-        dim=256 if quick else 4096, n_layers=2 if quick else 4, n_heads=8 if quick else 32,
-        n_kv_heads=4 if quick else 8, hidden_dim=768 if quick else 14336,
-        vocab_size=256 if quick else 32768, max_seq_len=256 if quick else 4096,
-    )  # fmt: skip
+    if quick:
+        cfg = mx_nn.LlamaConfig(dim=256, n_layers=2, n_heads=8, n_kv_heads=4, hidden_dim=768,
+                                vocab_size=256, max_seq_len=256)  # fmt: skip
+    else:
+        cfg = llama3_8b_config(n_layers=4, max_seq_len=4096)
     seq, batch = (128, 2) if quick else (4096, 2)
     layouts = [("FSDP", (world,), ("dp",)), ("TP", (world,), ("tp",))]
     if world >= 4:
@@ -175,8 +176,7 @@ def main() -> int:
             p.error(f"--parts: {part!r}; allowed: {', '.join(parts)}")
         tables.append("\n".join(parts[part](world, a.device, a.quick)))
     if rank == 0:
-        where = torch.cuda.get_device_name() if a.device == "cuda" else "CPU (gloo)"
-        head = f"{world} ranks, {where}, torch {torch.__version__}"
+        head = f"{world} ranks, " + ("NCCL" if a.device == "cuda" else "CPU (gloo)")
         publish(head + "\n\n" + "\n\n".join(tables), "multi_gpu.md")
     dist.barrier()  # no rank tears the group down while another's collective is in flight
     dist.destroy_process_group()

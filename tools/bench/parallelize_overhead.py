@@ -14,7 +14,9 @@ with every mx op of its MXLinears dispatched through DTensor instead.
 
 Target: parallelize / convert <= 1.02.
 
-Usage: python tools/bench/parallelize_overhead.py [--quick] [--recipe mxfp8]
+Usage: cd tools/bench && python3 parallelize_overhead.py   (BENCHMARKS.md's figure;
+       run_all.sh's parallelize step)
+       python3 tools/bench/parallelize_overhead.py [--quick] [--recipe mxfp8] [--batch 1]
 Writes the table to $OUT/parallelize_overhead.md too when OUT is set.
 """
 
@@ -26,14 +28,12 @@ import sys
 
 import torch
 import torch.distributed as dist
-from report import publish
+from common import bench_ms, environment, llama3_8b_config, md_table, mx_nn_private, publish
 
 import mx_nn
-import mx_nn.linear as mx_linear
-from mx_nn.parallelize import _apply_tp
-from mx_nn.tp_plan import find_model_map
 
 ROUNDS = 3
+TARGET = 1.02  # parallelize / convert
 
 
 def _model(config: mx_nn.LlamaConfig) -> torch.nn.Module:
@@ -47,8 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--recipe", default="mxfp8")
     p.add_argument("--batch", type=int, default=1)
     args = p.parse_args(argv)
-    import triton  # only where the benchmark runs: --help works without it
-
+    print(environment())
     if args.quick:
         config = mx_nn.LlamaConfig(
             dim=1024,
@@ -60,15 +59,7 @@ def main(argv=None) -> int:
             max_seq_len=1024,
         )
     else:
-        config = mx_nn.LlamaConfig(
-            dim=4096,
-            n_layers=2,
-            n_heads=32,
-            n_kv_heads=8,
-            hidden_dim=14336,
-            vocab_size=32768,
-            max_seq_len=4096,
-        )
+        config = llama3_8b_config(n_layers=2, max_seq_len=4096)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         from torch.distributed.device_mesh import init_device_mesh
@@ -79,7 +70,8 @@ def main(argv=None) -> int:
         converted = mx_nn.convert(_model(config), args.recipe, filter_fn=keep_head)
         parallel = mx_nn.parallelize(_model(config), mesh, recipe=args.recipe)
         forced = mx_nn.convert(_model(config), args.recipe, filter_fn=keep_head)
-        _apply_tp(forced, find_model_map(forced), mesh, True, False)
+        with mx_nn_private() as apply_tp:
+            apply_tp(forced, mesh)
         tokens = torch.randint(
             0, config.vocab_size, (args.batch, config.max_seq_len), device="cuda"
         )
@@ -104,24 +96,20 @@ def main(argv=None) -> int:
         for _ in range(ROUNDS):
             for name, model in runs:
                 step, params = step_of(model)
-                mx_linear._LOCAL_SHARDS = name != "dispatch"
-                try:
-                    times[name].append(
-                        triton.testing.do_bench(step, grad_to_none=params, return_mode="median")
-                    )
-                finally:
-                    mx_linear._LOCAL_SHARDS = True
+                with mx_nn_private(local_shards=name != "dispatch"):
+                    times[name].append(bench_ms(step, grad_to_none=params))
     finally:
         dist.destroy_process_group()
     t_conv = statistics.median(times["convert"])
     t_par = statistics.median(times["parallelize"])
     ratio = t_par / t_conv
     shape = f"{config.n_layers} x dim {config.dim}, seq {config.max_seq_len}, batch {args.batch}"
+    header = ["model", "recipe", "convert ms", "parallelize tp=1 ms", "ratio", "target",
+              "logits equal"]  # fmt: skip
+    row = (shape, args.recipe, f"{t_conv:.3f}", f"{t_par:.3f}", f"{ratio:.3f}", f"<= {TARGET}",
+           same)  # fmt: skip
     lines = [
-        "| model | recipe | convert ms | parallelize tp=1 ms | ratio | target | logits equal |",
-        "|---|---|---|---|---|---|---|",
-        f"| {shape} | {args.recipe} | {t_conv:.3f} | {t_par:.3f} | {ratio:.3f} | <= 1.02 | "
-        f"{same} |",
+        md_table(header, [row]),
         "",
         f"rounds: convert {[round(t, 3) for t in times['convert']]}, "
         f"parallelize {[round(t, 3) for t in times['parallelize']]}",
@@ -133,7 +121,7 @@ def main(argv=None) -> int:
         f"({statistics.median(times['dispatch']) / t_conv:.3f}x convert)",
     ]
     publish("\n".join(lines), "parallelize_overhead.md")
-    return 0 if ratio <= 1.02 else 1
+    return 0 if ratio <= TARGET else 1
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@
 #   bash tools/bench/run_all.sh            # writes $OUT/{casts,gemm,linear}{.md,_log.txt}
 #   GEMM_DESIGNS=dequant_bf16 bash tools/bench/run_all.sh   # skip the slow fused designs
 #   STEPS="casts profile linear" bash tools/bench/run_all.sh  # a subset; profile = ncu
-# Steps: casts gemm linear (the default), profile, host (per-op host time), tp (the
-# seven linears of a Llama-3-8B layer at TP per-rank shapes), dtensor (the sharding
-# rules at tp=1), parallelize (parallelize at tp=1 against convert), train (mx-train,
-# bf16 against mxfp8 on a larger model).
+# Steps: casts gemm linear (the default), profile (ncu over diagnostics/profile_casts.py),
+# host (per-op host time), tp (the seven linears of a Llama-3-8B layer at TP per-rank
+# shapes), tp_profile (where the TP=8 step's time goes), dtensor (the sharding rules at
+# tp=1), parallelize (parallelize at tp=1 against convert), train (mx-train, bf16 against
+# mxfp8 on a larger model). Each script's docstring says what it measures and its target.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$root/packages/mx-core/src:$root/packages/mx-kernels/src:$root/packages/mx-dtensor/src:$root/packages/mx-nn/src
@@ -31,6 +32,7 @@ steps=" ${STEPS:-casts gemm linear} "
 [[ $steps == *" linear "* ]] && step linear 170 python3 linear.py --compile
 [[ $steps == *" host "* ]] && step host 120 python3 host_cost.py --check
 [[ $steps == *" tp "* ]] && step tp 240 python3 tp_layer.py --cudagraphs
+[[ $steps == *" tp_profile "* ]] && step tp_profile 200 python3 tp_layer.py --profile --tp 8
 [[ $steps == *" dtensor "* ]] && step dtensor 150 python3 dtensor_overhead.py --compile
 [[ $steps == *" parallelize "* ]] && step parallelize 100 python3 parallelize_overhead.py
 [[ $steps == *" train "* ]] && step train 240 python3 -m mx_nn.train --compare --compile \
@@ -40,6 +42,6 @@ steps=" ${STEPS:-casts gemm linear} "
   --profile-from-start off --section SpeedOfLight --section Occupancy \
   --section LaunchStats --section WarpStateStats --section InstructionStats \
   --metrics breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_requests_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_write.sum,lts__t_sectors_srcunit_tex_op_write.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-  python3 profile_casts.py
+  python3 diagnostics/profile_casts.py
 grep -h "check\|FAIL\|fused vs" "$OUT"/*_log.txt | head -20
 exit $status

@@ -6,87 +6,78 @@ q 4096 -> 4096/t, k and v 4096 -> 1024/t, o 4096/t -> 4096, gate and up 4096 -> 
 down 14336/t -> 4096 (colwise layers shard their outputs, rowwise ones their inputs).
 q, k and v read one input, and so do gate and up, as in the layer (MXLinear casts a
 shared input once). One step runs all seven forward and backward (weights' grads
-kept, as in training);
-its time is the wall time per step of steps queued back to back (host and GPU: at
-small per-rank shapes the host's launch path is what the GPU waits for). bf16 and MX
-alternate in the same run, eager and each ``torch.compile``'d.
+kept, as in training); its time is the wall time per step of steps queued back to back
+(host and GPU: at small per-rank shapes the host's launch path is what the GPU waits
+for), best of three rounds. bf16 and MX alternate in the same run, eager and each
+``torch.compile``'d; ``--cudagraphs`` adds ``torch.compile(mode="reduce-overhead")``
+(context, not judged: it takes the host out of the step).
 
-Targets: at TP=4 and TP=8, compiled MX <= 1.0x compiled bf16 (floor 1.10) and eager MX
-<= 1.15x eager bf16; at TP=1 and TP=2, compiled <= 1.0x.
+Targets (MX / bf16 step time): at TP=4 and TP=8, compiled <= 1.0x (floor 1.10) and eager
+<= 1.15x; at TP=1 and TP=2, compiled <= 1.0x.
 
-Usage: python tools/bench/tp_layer.py [--quick] [--tp 1,2,4,8] [--recipe mxfp8]
-Writes the table to $OUT/tp_layer.md too when OUT is set.
+``--profile``: where a step spends its time, per mode (``--modes``): the wall time per
+step, the host's time to issue one step on an idle GPU, the GPU's busy time per step
+(the sum of its kernels' durations: one stream, so they never overlap) and the idle
+rest, and the kernels grouped by name; with ``--cprofile``, the host's Python functions
+by their own time. A step whose GPU idles for a large part of its wall time waits for
+the host; one whose busy time exceeds bf16's by the ratio measured spends it in kernels.
+
+``--inline-ab``: the compiled MX step with the weight's and dY's casts launched by the
+compiler (the fake-quantize ops' inline overloads) against the same casts called as ops
+(``MX_KERNELS_INLINE=0`` while compiling), and bf16: between processes a host-bound
+step's time moves by more than this difference (docs/benchmark-log.md, 2026-12-05 'TP
+layer: where the step goes'), so the three are built in one process and timed in
+alternation over ``--rounds`` rounds (20 steps each, best of three), with the median
+and each round's ratio to bf16. Context, not a target.
+
+Usage: cd tools/bench && python3 tp_layer.py --cudagraphs   (BENCHMARKS.md's table)
+       python3 tools/bench/tp_layer.py [--quick] [--tp 1,2,4,8] [--recipe mxfp8]
+       python3 tools/bench/tp_layer.py --profile [--tp 8] [--modes eager,compiled]
+       [--steps 10] [--cprofile]
+       python3 tools/bench/tp_layer.py --inline-ab [--tp 8,4] [--rounds 6]
+Writes the table to $OUT/tp_layer.md (tp_profile.md, inline_ab.md) when OUT is set.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import os
+import statistics
 import sys
+import time
 
 import torch
-from report import publish, wall_per_call
-from torch import nn
+from common import (
+    TOKENS,
+    SevenLinears,
+    bf16_and_mx,
+    environment,
+    llama3_8b_linears,
+    md_table,
+    publish,
+    seven_linear_inputs,
+    step_fn,
+    wall_per_call,
+)
 
-import mx_nn
-
-TOKENS, HIDDEN, KV, FFN = 8192, 4096, 1024, 14336
 TARGETS = {1: (1.0, None), 2: (1.0, None), 4: (1.0, 1.15), 8: (1.0, 1.15)}  # (compiled, eager)
+DEFAULT_TP = {"table": "1,2,4,8", "profile": "8", "inline_ab": "8,4"}
 
 
-def shapes(tp: int) -> list[tuple[str, int, int]]:
-    """(name, in_features, out_features) per rank."""
-    return [
-        ("q", HIDDEN, HIDDEN // tp), ("k", HIDDEN, KV // tp), ("v", HIDDEN, KV // tp),
-        ("o", HIDDEN // tp, HIDDEN), ("gate", HIDDEN, FFN // tp), ("up", HIDDEN, FFN // tp),
-        ("down", FFN // tp, HIDDEN),
-    ]  # fmt: skip
+def models(tp: int, recipe: str) -> tuple[SevenLinears, SevenLinears]:
+    """The bf16 linears at TP degree ``tp`` and their MX copy (same weights)."""
+    return bf16_and_mx(lambda: SevenLinears(llama3_8b_linears(tp), "cuda"), recipe)
 
 
-class Linears(nn.Module):
-    """The seven linears; forward takes one input per linear."""
-
-    def __init__(self, tp: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(
-            nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
-            for _, k, n in shapes(tp)
-        )
-
-    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        x_attn, x_o, x_mlp, x_down = xs
-        inputs = [x_attn, x_attn, x_attn, x_o, x_mlp, x_mlp, x_down]
-        return [layer(x) for layer, x in zip(self.layers, inputs, strict=True)]
-
-
-def models(tp: int, recipe: str) -> tuple[Linears, Linears]:
-    """The bf16 linears and an MX copy of them (same weights) converted to ``recipe``."""
-    torch.manual_seed(0)
-    bf16, mx = Linears(tp), Linears(tp)
-    mx.load_state_dict(bf16.state_dict())
-    mx_nn.convert(mx, recipe)
-    return bf16, mx
-
-
-def inputs(tp: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The inputs of q/k/v, o, gate/up and down (requiring grad), and each output's grad."""
-    widths = [HIDDEN, HIDDEN // tp, HIDDEN, FFN // tp]
-    xs = [torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16) for k in widths]
-    xs = [x.requires_grad_() for x in xs]
-    grads = [torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16) for *_, n in shapes(tp)]
-    return xs, grads
-
-
-def step_fn(model, xs, grads):
-    def step():
-        outs = model(xs)
-        torch.autograd.backward(outs, grads)
-
-    return step
+def inputs(tp: int):
+    """(the four inputs requiring grad, each output's grad) at TP degree ``tp``."""
+    return seven_linear_inputs(llama3_8b_linears(tp), TOKENS, "cuda")
 
 
 def run_tp(tp: int, recipe: str, steps: int, modes: tuple[str, ...]) -> dict[str, float]:
-    bf16, mx = models(tp, recipe)
-    xs, grads = inputs(tp)
+    """ms per step of "bf16 <mode>" and "mx <mode>" for each of ``modes``."""
+    (bf16, mx), (xs, grads) = models(tp, recipe), inputs(tp)
     out = {}
     for mode in modes:
         for name, model in (("bf16", bf16), ("mx", mx)):
@@ -100,48 +91,202 @@ def run_tp(tp: int, recipe: str, steps: int, modes: tuple[str, ...]) -> dict[str
     return out
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer steps per timing")
-    p.add_argument("--tp", default="1,2,4,8", help="comma-separated TP degrees")
-    p.add_argument("--recipe", default="mxfp8", help="an mx_nn recipe")
-    p.add_argument(
-        "--cudagraphs",
-        action="store_true",
-        help="also torch.compile(mode='reduce-overhead') (context, not judged)",
-    )
-    a = p.parse_args()
-    degrees = [int(t) for t in a.tp.split(",")]
-    bad = [t for t in degrees if t not in TARGETS]
-    if bad:
-        p.error(f"--tp {bad}: allowed degrees are {sorted(TARGETS)}")
-    steps = 5 if a.quick else 20
-    rows = [
-        "| per-rank shapes of | bf16 eager ms | MX eager ms | MX / bf16 eager | bf16 compiled ms "
-        "| MX compiled ms | MX / bf16 compiled | CUDA graphs bf16 / MX ms | targets |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+def table(degrees: list[int], recipe: str, steps: int, cudagraphs: bool) -> str:
+    header = ["per-rank shapes of", "bf16 eager ms", "MX eager ms", "MX / bf16 eager",
+              "bf16 compiled ms", "MX compiled ms", "MX / bf16 compiled",
+              "CUDA graphs bf16 / MX ms", "targets"]  # fmt: skip
+    rows = []
     for tp in degrees:
-        modes = ("eager", "compiled", "cudagraphs") if a.cudagraphs else ("eager", "compiled")
-        t = run_tp(tp, a.recipe, steps, modes)
+        modes = ("eager", "compiled", "cudagraphs") if cudagraphs else ("eager", "compiled")
+        t = run_tp(tp, recipe, steps, modes)
         eager = t["mx eager"] / t["bf16 eager"]
         comp = t["mx compiled"] / t["bf16 compiled"]
         want_c, want_e = TARGETS[tp]
         verdict = [f"compiled {'met' if comp <= want_c else 'MISSED'} (<= {want_c})"]
         if want_e:
             verdict.append(f"eager {'met' if eager <= want_e else 'MISSED'} (<= {want_e})")
-        graphs = "-"
-        if a.cudagraphs:
-            graphs = f"{t['bf16 cudagraphs']:.3f} / {t['mx cudagraphs']:.3f}"
-        rows.append(
-            f"| TP={tp} | {t['bf16 eager']:.3f} | {t['mx eager']:.3f} | {eager:.2f} | "
-            f"{t['bf16 compiled']:.3f} | {t['mx compiled']:.3f} | {comp:.2f} | {graphs} | "
-            f"{'; '.join(verdict)} |"
-        )
-        print(rows[-1], flush=True)
-    rows.append(f"\n{a.recipe}, {TOKENS} tokens; torch {torch.__version__}, "
-                f"{torch.cuda.get_device_name()}")  # fmt: skip
-    publish("\n".join(rows), "tp_layer.md")
+        graphs = f"{t['bf16 cudagraphs']:.3f} / {t['mx cudagraphs']:.3f}" if cudagraphs else "-"
+        rows.append((f"TP={tp}", f"{t['bf16 eager']:.3f}", f"{t['mx eager']:.3f}",
+                     f"{eager:.2f}", f"{t['bf16 compiled']:.3f}", f"{t['mx compiled']:.3f}",
+                     f"{comp:.2f}", graphs, "; ".join(verdict)))  # fmt: skip
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
+    return f"{md_table(header, rows)}\n\n{recipe}, {TOKENS} tokens"
+
+
+def gpu_kernels(step, steps: int) -> tuple[float, dict[str, tuple[int, float]]]:
+    """(busy ms per step, {kernel name: (launches per step, ms per step)})."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    groups: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            g = groups[e.name[:70]]
+            g[0] += 1
+            g[1] += e.device_time_total / 1e3
+    busy = sum(t for _, t in groups.values()) / steps
+    return busy, {k: (n // steps, t / steps) for k, (n, t) in groups.items()}
+
+
+def host_per_step(step, steps: int) -> float:
+    """Median ms the host takes to issue one step, each started on an idle GPU (synced
+    before), so that no launch waits for a full queue: the host's own time."""
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e3
+
+
+def cprofiled(step, steps: int, top: int) -> str:
+    """The ``top`` Python functions of ``steps`` steps by their own time."""
+    import cProfile
+    import io
+    import pstats
+
+    with cProfile.Profile() as pr:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def profile_steps(degrees: list[int], a: argparse.Namespace, steps: int) -> str:
+    out = []
+    for tp in degrees:
+        (bf16, mx), (xs, grads) = models(tp, a.recipe), inputs(tp)
+        summary, detail = [], []
+        for mode in a.modes.split(","):
+            for name, model in (("bf16", bf16), ("mx", mx)):
+                step = step_fn(torch.compile(model) if mode == "compiled" else model, xs, grads)
+                wall = wall_per_call(step, steps, warmup=3) * 1e3
+                host = host_per_step(step, steps)
+                busy, kernels = gpu_kernels(step, steps)
+                count = sum(n for n, _ in kernels.values())
+                idle = max(0.0, 1 - busy / wall)
+                summary.append((f"TP={tp} {name} {mode}", f"{wall:.3f}", f"{host:.3f}",
+                                f"{busy:.3f}", f"{idle:.0%}", count))  # fmt: skip
+                detail.append(f"\nTP={tp} {name} {mode}: kernel | launches/step | ms/step")
+                top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[: a.top]
+                detail += [f"  {k} | {n} | {t:.3f}" for k, (n, t) in top]
+                if a.cprofile:
+                    functions = cprofiled(step, steps, a.top_functions)
+                    detail.append(f"TP={tp} {name} {mode}, {steps} steps:\n{functions}")
+                if mode == "compiled":
+                    torch._dynamo.reset()
+        header = ["run", "wall ms/step", "host ms/step", "GPU busy ms/step", "GPU idle",
+                  "kernels/step"]  # fmt: skip
+        out += [md_table(header, summary), *detail, ""]
+    return "\n".join(out) + f"\n{a.recipe}, {TOKENS} tokens"
+
+
+VARIANTS = ("bf16", "MX, casts as ops", "MX, inline casts")
+
+
+def compiled_steps(tp: int, recipe: str) -> dict:
+    """The three compiled steps of ``--inline-ab``, each compiled under its own
+    MX_KERNELS_INLINE."""
+    (xs, grads), steps = inputs(tp), {}
+    before = os.environ.get("MX_KERNELS_INLINE")
+    try:
+        for name in VARIANTS:
+            bf16, mx = models(tp, recipe)
+            os.environ["MX_KERNELS_INLINE"] = "0" if name == "MX, casts as ops" else "1"
+            step = step_fn(torch.compile(bf16 if name == "bf16" else mx), xs, grads)
+            for _ in range(3):  # compiles here, under this variant's setting
+                step()
+            torch.cuda.synchronize()
+            steps[name] = step
+    finally:
+        if before is None:
+            os.environ.pop("MX_KERNELS_INLINE", None)
+        else:
+            os.environ["MX_KERNELS_INLINE"] = before
+    return steps
+
+
+def inline_ab(degrees: list[int], recipe: str, rounds: int) -> str:
+    header = ["per-rank shapes of", "variant", "wall ms per round", "median", "median / bf16",
+              "per-round / bf16"]  # fmt: skip
+    rows = []
+    for tp in degrees:
+        steps = compiled_steps(tp, recipe)
+        walls: dict[str, list[float]] = {k: [] for k in steps}
+        for _ in range(rounds):
+            for name, step in steps.items():
+                walls[name].append(wall_per_call(step, 20, warmup=2) * 1e3)
+        base = statistics.median(walls["bf16"])
+        for name, w in walls.items():
+            per_round = ", ".join(f"{x / b:.3f}" for x, b in zip(w, walls["bf16"], strict=True))
+            rows.append((f"TP={tp}", name, ", ".join(f"{x:.3f}" for x in w),
+                         f"{statistics.median(w):.3f}", f"{statistics.median(w) / base:.3f}",
+                         per_round))  # fmt: skip
+            print("| " + " | ".join(rows[-1]) + " |", flush=True)
+        torch._dynamo.reset()
+    return f"{md_table(header, rows)}\n\n{recipe}, {TOKENS} tokens"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--profile", action="store_true", help="where a step's time goes")
+    what.add_argument("--inline-ab", action="store_true", help="inline casts against ops")
+    p.add_argument("--quick", action="store_true", help="fewer steps (rounds) per timing")
+    p.add_argument(
+        "--tp", help="comma-separated TP degrees (default: 1,2,4,8; --profile 8; --inline-ab 8,4)"
+    )
+    p.add_argument("--recipe", default="mxfp8", help="an mx_nn recipe")
+    p.add_argument(
+        "--steps", type=int, help="steps per timing (default 20, --quick 5; --profile 10, 3)"
+    )
+    p.add_argument(
+        "--cudagraphs",
+        action="store_true",
+        help="also torch.compile(mode='reduce-overhead') (context, not judged)",
+    )
+    p.add_argument("--modes", default="eager,compiled", help="--profile: modes to profile")
+    p.add_argument("--cprofile", action="store_true", help="--profile: cProfile each run")
+    p.add_argument("--top", type=int, default=14, help="--profile: kernels listed per run")
+    p.add_argument(
+        "--top-functions",
+        type=int,
+        default=35,
+        help="--profile --cprofile: functions listed per run",
+    )
+    p.add_argument("--rounds", type=int, default=6, help="--inline-ab: rounds (--quick 2)")
+    a = p.parse_args()
+    kind = "profile" if a.profile else "inline_ab" if a.inline_ab else "table"
+    if a.cudagraphs and kind != "table":
+        p.error("--cudagraphs: only for the table (not with --profile or --inline-ab)")
+    if (a.cprofile or a.modes != "eager,compiled") and kind != "profile":
+        p.error("--cprofile and --modes: only with --profile")
+    if a.steps is not None and kind == "inline_ab":
+        p.error("--steps: not with --inline-ab (each round times 20 steps; see --rounds)")
+    if a.rounds != 6 and kind != "inline_ab":
+        p.error("--rounds: only with --inline-ab")
+    bad_modes = set(a.modes.split(",")) - {"eager", "compiled"}
+    if bad_modes:
+        p.error(f"--modes {sorted(bad_modes)}: allowed eager, compiled")
+    degrees = [int(t) for t in (a.tp or DEFAULT_TP[kind]).split(",")]
+    bad = [t for t in degrees if t not in TARGETS]
+    if bad:
+        p.error(f"--tp {bad}: allowed degrees are {sorted(TARGETS)}")
+    print(environment(), flush=True)
+    if kind == "profile":
+        publish(profile_steps(degrees, a, a.steps or (3 if a.quick else 10)), "tp_profile.md")
+    elif kind == "inline_ab":
+        publish(inline_ab(degrees, a.recipe, 2 if a.quick else a.rounds), "inline_ab.md")
+    else:
+        steps = a.steps or (5 if a.quick else 20)
+        publish(table(degrees, a.recipe, steps, a.cudagraphs), "tp_layer.md")
     return 0
 
 

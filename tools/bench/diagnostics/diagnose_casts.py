@@ -2,13 +2,14 @@
 
 Each variant rewrites lines of ``mx_kernels/cast_triton.py`` (skip a store, add a cache
 hint, swap the launch order), loads the copy as a module, and times the casts through
-``casts.run_cast`` at one shape, as a fraction of a copy of the same input (CUDA graph
+``common.run_cast`` at one shape, as a fraction of a copy of the same input (CUDA graph
 timing, and do_bench beside it, as casts.py does). Variants that
 skip a store compute wrong outputs on purpose; the others are checked against the
-unedited kernel's bits. BENCHMARKS.md quotes these "leave-one-out" figures.
+unedited kernel's bits. The benchmark log quotes these "leave-one-out" figures
+(docs/benchmark-log.md, 2026-12-03 'Casts: CUDA-graph timing'). No target.
 
 Usage (from tools/bench, PYTHONPATH as run_all.sh sets it):
-  python3 diagnose_casts.py [--shape 16384 8192] [--variants base "no s_row store" ...]
+  python3 diagnostics/diagnose_casts.py [--shape 16384 8192] [--variants base "no s_row store" ...]
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-from casts import _bench, cast_bytes, run_cast
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/bench, for common
 
-import mx_kernels.cast_triton as cast_triton
+import torch  # noqa: E402
+from common import CopyBaseline, cast_bytes, graph_and_bench_ms, run_cast, same_bits  # noqa: E402
+
+import mx_kernels.cast_triton as cast_triton  # noqa: E402
 
 STORE_Q_ROW = "tl.store(q_ptrs, codes, mask=q_mask)"
 STORE_S_ROW = "tl.store(s_ptrs, tl.reshape(scale, (BLOCK_M, BLOCK_K // BS)), mask=s_mask)"
@@ -75,8 +78,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     m, k = args.shape
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(x)
-    copy_graph, copy_events = _bench(lambda: dst.copy_(x))  # ms: CUDA graph, do_bench
+    copy_graph, copy_events = CopyBaseline(m * k).ms(m * k)  # ms: CUDA graph, do_bench
     want = {kind: [t.clone() for t in run_cast(kind, x, "fp8_e4m3", "rceil")() if t is not None]
             for kind in KINDS}  # fmt: skip
     original, status = cast_triton.mx_cast_kernel, 0
@@ -88,9 +90,8 @@ def main(argv=None) -> int:
                 for kind in args.kinds:
                     run = run_cast(kind, x, "fp8_e4m3", "rceil")
                     got = [t for t in run() if t is not None]
-                    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-                               for a, b in zip(got, want[kind], strict=True))  # fmt: skip
-                    graph, events = _bench(run)
+                    same = all(same_bits(a, b) for a, b in zip(got, want[kind], strict=True))
+                    graph, events = graph_and_bench_ms(run)
                     bytes_vs_copy = cast_bytes(kind, m, k, 2) / (4 * x.numel())
                     ratio = bytes_vs_copy * copy_graph / graph  # bandwidth over copy's
                     ratio_events = bytes_vs_copy * copy_events / events

@@ -3,14 +3,15 @@
 The full bit-exact check on the H200 (triton 3.6) found wrong columnwise codes
 and scales for fp4_e2m1 ``both`` from ``x.t()`` of a contiguous fp32 tensor, while the
 same kernel was exact from contiguous inputs, from bf16, and for fp6/fp8
-(BENCHMARKS.md, 2026-12-03 'Casts: word stores'). ``mx_kernels.quantize_both``
+(docs/benchmark-log.md, 2026-12-03 'Casts: word stores'). ``mx_kernels.quantize_both``
 therefore casts a contiguous copy in that case. This script launches the kernel
 directly (no copy) for several tiles, input dtypes and layouts, and prints the wrong
 bytes per output, so that the cause can be found and the copy removed once every line
 reads 0.
 
-Usage (GPU): python3 tools/bench/repro_both_fp4.py
-CPU smoke run: TRITON_INTERPRET=1 python3 tools/bench/repro_both_fp4.py --device cpu --shape 64x96
+No target. Usage (GPU): python3 tools/bench/diagnostics/repro_both_fp4.py
+CPU smoke run (PYTHONPATH as run_all.sh sets it):
+  TRITON_INTERPRET=1 python3 tools/bench/diagnostics/repro_both_fp4.py --device cpu --shape 64x96
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 import mx_core
 import mx_kernels
-from mx_kernels.cast_launch import TILE_CONFIGS, CastTile, _empty_both, _launch
+from mx_kernels.cast_launch import TILE_CONFIGS, CastTile, empty_both, launch_cast
 
 # CastTile fields: block_m, block_k, warps, programs_per_sm, stages, k_first, max_regs,
 # lanes_m, words. None: the default "both" tile.
@@ -41,10 +42,10 @@ def wrong_bytes(x: torch.Tensor, fmt: str, tile) -> tuple[list[int], str]:
     wrong q_col/s_col bytes are (row, column of x^T's outputs)."""
     f = mx_core.get_format(fmt)
     rows, cols = mx_core.quantize(x, fmt), mx_core.quantize(x.t().contiguous(), fmt)
-    q_row, s_row_buf, q_col, s_col_buf = _empty_both(x.shape, f, 32, x.device)
+    q_row, s_row_buf, q_col, s_col_buf = empty_both(x.shape, f, 32, x.device)
     for t in (q_row, s_row_buf, q_col, s_col_buf):
         t.view(torch.uint8).fill_(0xAB)  # unwritten bytes show as wrong
-    _launch(x, f, 32, "rceil", q_row, s_row_buf.t(), q_col, s_col_buf, tile=tile)
+    launch_cast(x, f, 32, "rceil", q_row, s_row_buf.t(), q_col, s_col_buf, tile=tile)
     pairs = [
         (q_row, rows.qdata),
         (s_row_buf.t(), rows.scale),

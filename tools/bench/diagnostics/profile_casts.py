@@ -3,21 +3,30 @@
 Prints each kernel's registers, spills and shared memory, then runs each cast (and a
 device-to-device copy of x, the reference) once
 between cudaProfilerStart/Stop so that ``ncu --profile-from-start off`` sees only those
-launches. From tools/bench (PYTHONPATH as run_all.sh sets it):
+launches. No target: the counters explain the casts' ratios to copy bandwidth. From
+tools/bench (PYTHONPATH as run_all.sh sets it; ``STEPS=profile bash run_all.sh`` runs
+it with more sections and metrics):
   ncu --clock-control none --profile-from-start off --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section InstructionStats \
-      python3 profile_casts.py
+      python3 diagnostics/profile_casts.py
 """
 
 from __future__ import annotations
 
-import torch
-from casts import run_cast
+import argparse
+import sys
+from pathlib import Path
 
-import mx_kernels
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/bench, for common
+
+import torch  # noqa: E402
+from common import run_cast  # noqa: E402
+
+import mx_kernels  # noqa: E402
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     x = torch.randn(16384, 8192, device="cuda", dtype=torch.bfloat16)
     runs = {kind: run_cast(kind, x, "fp8_e4m3", "rceil") for kind in ("rowwise", "colwise", "both")}
     runs["fake_quantize_both"] = lambda: mx_kernels.fake_quantize_both(x)
