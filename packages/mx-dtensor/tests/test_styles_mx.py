@@ -50,6 +50,7 @@ def _worker(rank: int, world: int) -> dict:
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from mx_core import CastSettings
     from mx_dtensor import PrepareMXModuleInput, mx_all_gather
 
     class Payload(TorchDispatchMode):
@@ -75,6 +76,15 @@ def _worker(rank: int, world: int) -> dict:
         gathered.view(torch.uint8), _roundtrip(full, "fp8_e4m3", "rceil").view(torch.uint8)
     )
     out["forward payload"] = fwd.sent
+    # One CastSettings or its four keywords: the same gather.
+    floor = _roundtrip(full, "fp8_e5m2", "floor").view(torch.uint8)
+    out["cast forms"] = [
+        torch.equal(mx_all_gather(local.detach(), mesh, 1, **kw).view(torch.uint8), floor)
+        for kw in (
+            {"cast": CastSettings(fmt="fp8_e5m2", scale_mode="floor")},
+            {"fmt": "fp8_e5m2", "scale_mode": "floor"},
+        )
+    ]
     out["bf16 bytes"] = local.nbytes
     grad_full = torch.randn(world, *full.shape, generator=g).to(torch.bfloat16)
     with Payload() as bwd:
@@ -95,7 +105,9 @@ def _worker(rank: int, world: int) -> dict:
     layouts = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
     style = PrepareMXModuleInput(**layouts)
     grads, seen = [], []
-    for prepare in (style, PrepareModuleInput(**layouts)):
+    by_cast = PrepareMXModuleInput(**layouts, cast=CastSettings(block_size=32))
+    by_keywords = PrepareMXModuleInput(**layouts, block_size=32)
+    for prepare in (style, PrepareModuleInput(**layouts), by_cast, by_keywords):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(128, 64, bias=False)).to(torch.bfloat16)
         model[0].register_forward_hook(lambda m, args, y: seen.append(args[0]) and None)
@@ -110,6 +122,11 @@ def _worker(rank: int, world: int) -> dict:
     )
     # With dY = 1, dX = dY W reads no X: the same gradient as the bf16 gather, bit for bit.
     out["style grad"] = (grads[0].shape == local.shape, torch.equal(grads[0], grads[1]))
+    out["style cast forms"] = [
+        torch.equal(seen[i].to_local().view(torch.uint8), seen[0].to_local().view(torch.uint8))
+        and torch.equal(grads[i], grads[0])
+        for i in (2, 3)
+    ]
     out["style repr"] = repr(style)
     try:
         PrepareMXModuleInput(
@@ -129,7 +146,7 @@ def _worker(rank: int, world: int) -> dict:
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is unavailable")
 def test_mx_all_gather_two_ranks():
     for r in spawn(_worker, 2):
-        assert r["exact"]
+        assert r["exact"] and r["cast forms"] == [True, True]
         (codes, n_codes), (scales, n_scales) = r["forward payload"]
         assert codes == scales == "all_gather_into_tensor"
         ratio = (n_codes + n_scales) / r["bf16 bytes"]
@@ -137,8 +154,10 @@ def test_mx_all_gather_two_ranks():
         is_rs, err = r["backward is a reduce-scatter"]
         assert is_rs and err <= 2**-6  # bf16 partial sums of 2 ranks vs an fp32 sum
         assert r["style output"] == ("DTensor", (Replicate(),)) and r["style exact"]
-        assert r["style grad"] == (True, True)
+        assert r["style grad"] == (True, True) and r["style cast forms"] == [True, True]
         assert r["style repr"].startswith("PrepareMXModuleInput(input_layouts=(Shard(dim=1),)")
-        assert "fmt='fp8_e4m3'" in r["style repr"]
+        assert r["style repr"].endswith(
+            "cast=CastSettings(fmt='fp8_e4m3', block_size=32, scale_mode='rceil', backend='auto'))"
+        )
         assert "use_local_output=True is not supported" in r["use_local_output"]
         assert "is the blocked (last) dim" in r["last dim"]

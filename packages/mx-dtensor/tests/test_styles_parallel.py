@@ -92,6 +92,7 @@ def _worker(rank: int, world: int) -> dict:
         parallelize_module,
     )
 
+    from mx_core import CastSettings
     from mx_dtensor import (
         MXColwiseParallel,
         MXRowwiseParallel,
@@ -120,6 +121,20 @@ def _worker(rank: int, world: int) -> dict:
     mx = _run(MXColwiseParallel(**kw), linear, mesh, x_seq, dy_col)
     hp = _run(ColwiseParallel(**kw), linear, mesh, x_seq, dy_col)
     out["colwise gathered exact"] = _same(mx, hp)
+    # The same cast given as one CastSettings or as its four keywords: the same run.
+    settings = {"fmt": "fp8_e4m3", "block_size": 32, "scale_mode": "rceil", "backend": "auto"}
+    by_cast = MXColwiseParallel(**kw, cast=CastSettings(**settings))
+    by_keywords = MXColwiseParallel(**kw, **settings)
+
+    # parallelize_module itself sets each style's src_data_rank; the style sets nothing.
+    def fields(style):
+        return {k: v for k, v in vars(style).items() if k != "src_data_rank"}
+
+    before = (fields(by_cast), fields(by_keywords))
+    out["colwise cast forms"] = [
+        _same(_run(style, linear, mesh, x_seq, dy_col), mx) for style in (by_cast, by_keywords)
+    ]
+    out["styles unchanged by apply"] = before == (fields(by_cast), fields(by_keywords))
     out["colwise gathered payload"] = (mx[3], hp[3])
     out["colwise gathered backward"] = mx[4] == hp[4]
     # A gather hook sees the gathered cast the module's input decodes (then is removed).
@@ -135,6 +150,7 @@ def _worker(rank: int, world: int) -> dict:
         (type(got.decoded).__name__, got.decoded.placements, tuple(got.decoded.shape)),
         torch.equal(decoded, got.decoded.to_local()),
         (got.fmt, got.block_size, got.scale_mode, got.backend),
+        got.cast == CastSettings(),
     )
     # The same from a DTensor input, as a sequence-parallel region hands it over.
     dt = DTensor.from_local(x_seq, mesh, (Shard(1),))
@@ -201,10 +217,11 @@ def test_styles_against_pytorch_two_ranks():
         ratio = sum(n for *_, n in mx_sent) / sum(n for *_, n in hp_sent)
         assert ratio <= 0.55 and ratio == pytest.approx((1 + 1 / 32) / 2)
         assert r["colwise gathered backward"]  # one reduce-scatter of dX, in bf16
-        n_calls, decoded, exact, cast = r["hook"]
+        assert r["colwise cast forms"] == [True, True] and r["styles unchanged by apply"]
+        n_calls, decoded, exact, cast, settings = r["hook"]
         assert n_calls == 1 and exact  # called once, not after its handle's remove()
         assert decoded == ("DTensor", (Replicate(),), (BATCH, SEQ, K))
-        assert cast == ("fp8_e4m3", 32, "rceil", "auto")
+        assert cast == ("fp8_e4m3", 32, "rceil", "auto") and settings
         same, log = r["colwise Shard(-1)"]
         assert same and log == [
             "mx_dtensor.MXColwiseParallel: Shard(dim=-1) -> Replicate() gathers in high "
@@ -242,8 +259,8 @@ def test_styles_against_pytorch_two_ranks():
         col, row, seq = r["reprs"]
         assert col == (
             "MXColwiseParallel(input_layouts=(Shard(dim=1),), output_layouts=(Shard(dim=-1),), "
-            "use_local_output=True, fmt='fp8_e4m3', block_size=32, scale_mode='rceil', "
-            "backend='auto')"
+            "use_local_output=True, cast=CastSettings(fmt='fp8_e4m3', block_size=32, "
+            "scale_mode='rceil', backend='auto'))"
         )
         assert row == (
             "MXRowwiseParallel(input_layouts=(Shard(dim=-1),), output_layouts=(Shard(dim=1),), "

@@ -38,6 +38,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.utils.hooks import RemovableHandle
 
 import mx_kernels
+from mx_core import CastSettings
+from mx_dtensor.cast_args import cast_from_args
 
 __all__ = ["GatheredCast", "gather_replicated", "mx_all_gather", "register_gather_hook"]
 
@@ -53,10 +55,9 @@ def _wait(t: torch.Tensor) -> torch.Tensor:
 
 class _MXAllGather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, mesh, dim, fmt, block_size, scale_mode, backend):
-        qdata, scale = mx_kernels.quantize_rowwise(
-            x, fmt, block_size=block_size, scale_mode=scale_mode, backend=backend
-        )
+    def forward(ctx, x, mesh, dim, cast: CastSettings):
+        kwargs = cast.as_kwargs()  # plain strings for the kernels' caches and ops
+        qdata, scale = mx_kernels.quantize_rowwise(x, **kwargs)
         # gloo refuses float8 dtypes: the payload travels as bytes.
         codes = _wait(_all_gather(qdata.view(torch.uint8), dim, mesh))
         scales = _wait(_all_gather(scale.view(torch.uint8), dim, mesh))
@@ -64,15 +65,16 @@ class _MXAllGather(torch.autograd.Function):
         codes, scales = codes.view(qdata.dtype), scales.view(scale.dtype)
         ctx.mark_non_differentiable(codes, scales)
         decoded = mx_kernels.dequantize_rowwise(
-            codes, scales, fmt, block_size=block_size, out_dtype=x.dtype, backend=backend
-        )
+            codes, scales, kwargs["fmt"], block_size=cast.block_size, out_dtype=x.dtype,
+            backend=kwargs["backend"],
+        )  # fmt: skip
         return decoded, codes, scales
 
     @staticmethod
     def backward(ctx, grad, _codes, _scales):
         dim = ctx.dim
         out = _reduce_scatter(grad.contiguous(), "sum", dim, ctx.mesh)
-        return _wait(out), None, None, None, None, None, None
+        return _wait(out), None, None, None
 
 
 def mx_all_gather(
@@ -80,19 +82,30 @@ def mx_all_gather(
     mesh: DeviceMesh,
     dim: int,
     *,
-    fmt: str = "fp8_e4m3",
-    block_size: int = 32,
-    scale_mode: str = "rceil",
-    backend: str = "auto",
+    cast: CastSettings | None = None,
+    fmt: str | None = None,
+    block_size: int | None = None,
+    scale_mode: str | None = None,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """All-gather the local shards ``x`` [..., K] along ``dim`` over a 1-D ``mesh`` as a
     rowwise MX cast (codes + E8M0 scales), decoded to ``x.dtype`` after the gather.
 
-    ``dim`` must not be the last one (the blocks run along it); K divisible by
-    ``block_size``. Backward: reduce-scatter of the gradient along ``dim`` in its dtype.
+    ``dim`` must not be the last one (the blocks run along it); K divisible by the block
+    size. Backward: reduce-scatter of the gradient along ``dim`` in its dtype.
+
+    Args:
+        cast: the rowwise cast (default ``CastSettings()``: fp8_e4m3, 32, rceil, auto).
+        fmt, block_size, scale_mode, backend: the same given one by one (kept for one
+            release; not together with ``cast``).
+    Raises:
+        TypeError: ``cast`` and any of the four keywords both given.
+        ValueError: ``dim`` is the last dim, or ``mesh`` is not 1-D.
     """
+    cast = cast_from_args("mx_all_gather", cast, fmt=fmt, block_size=block_size,
+                          scale_mode=scale_mode, backend=backend)  # fmt: skip
     dim = _gather_dim(x, mesh, dim)
-    return _MXAllGather.apply(x, mesh, dim, fmt, block_size, scale_mode, backend)[0]
+    return _MXAllGather.apply(x, mesh, dim, cast)[0]
 
 
 def _gather_dim(x: torch.Tensor, mesh: DeviceMesh, dim: int) -> int:
@@ -113,10 +126,29 @@ class GatheredCast(NamedTuple):
     """The gathered codes [..., K] (fp4: [..., K // 2] uint8), a local tensor."""
     scale: torch.Tensor
     """The gathered E8M0 scales [..., K // block_size], a local tensor."""
-    fmt: str
-    block_size: int
-    scale_mode: str
-    backend: str
+    cast: CastSettings
+    """The settings of the cast that made ``qdata`` and ``scale``."""
+
+    # The fields before ``cast`` existed, kept for one release (plain strings and an int).
+    @property
+    def fmt(self) -> str:
+        """``cast.fmt`` as a plain string."""
+        return self.cast.fmt.value
+
+    @property
+    def block_size(self) -> int:
+        """``cast.block_size``."""
+        return self.cast.block_size
+
+    @property
+    def scale_mode(self) -> str:
+        """``cast.scale_mode`` as a plain string."""
+        return self.cast.scale_mode.value
+
+    @property
+    def backend(self) -> str:
+        """``cast.backend`` as a plain string."""
+        return self.cast.backend.value
 
 
 _HOOKS: OrderedDict[int, Callable[[GatheredCast], None]] = OrderedDict()
@@ -141,21 +173,26 @@ def gather_replicated(
     mesh: DeviceMesh,
     dim: int,
     *,
-    fmt: str,
-    block_size: int,
-    scale_mode: str,
-    backend: str,
+    cast: CastSettings | None = None,
+    fmt: str | None = None,
+    block_size: int | None = None,
+    scale_mode: str | None = None,
+    backend: str | None = None,
     who: str,
 ) -> DTensor:
     """What the MX styles make of a ``Shard(dim) -> Replicate()`` redistribution: ``x``
     (this rank's shard, or a DTensor ``Shard(dim)``) gathered by :func:`mx_all_gather`
     into a ``Replicate()`` DTensor whose gradient is taken as a partial sum (a columnwise
-    linear's dX) and reduce-scattered once. ``who`` names the caller in errors.
+    linear's dX) and reduce-scattered once. ``cast`` (or, for one more release, the
+    four keywords it replaces) is the rowwise cast; ``who`` names the caller in errors.
 
     Raises:
+        TypeError: ``cast`` and any of the four keywords both given.
         ValueError: a DTensor not ``Shard(dim)``, or whose ``dim`` does not split
             evenly over ``mesh`` (the gather moves equal shards; pad the sequence).
     """
+    cast = cast_from_args(who, cast, fmt=fmt, block_size=block_size, scale_mode=scale_mode,
+                          backend=backend)  # fmt: skip
     if isinstance(x, DTensor):
         n, size = mesh.size(), x.shape[dim]
         if x.placements != (Shard(dim % x.ndim),):
@@ -176,14 +213,14 @@ def gather_replicated(
         # the higher-precision values would differ from theirs.
         x = x.to(torch.get_autocast_dtype(device_type))
     dim = _gather_dim(x, mesh, dim)
-    out, codes, scales = _MXAllGather.apply(x, mesh, dim, fmt, block_size, scale_mode, backend)
+    out, codes, scales = _MXAllGather.apply(x, mesh, dim, cast)
     # The consumers' gradients are partial sums (a columnwise linear's dX): they pass
     # through as they are, and the gather's backward reduce-scatters them.
     decoded = DTensor.from_local(
         out, mesh, (Replicate(),), run_check=False, grad_placements=(Partial(),)
     )
     if _HOOKS and not torch.compiler.is_compiling():
-        gathered = GatheredCast(decoded, codes, scales, fmt, block_size, scale_mode, backend)
+        gathered = GatheredCast(decoded, codes, scales, cast)
         for hook in tuple(_HOOKS.values()):
             hook(gathered)
     return decoded

@@ -24,6 +24,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from mx_core import CastSettings
+from mx_dtensor.cast_args import CastFields, cast_from_args
 from mx_dtensor.gather import gather_replicated
 from mx_dtensor.styles.common import check_linear, is_last_dim, log_once
 
@@ -31,7 +33,7 @@ __all__ = ["MXColwiseParallel", "MXRowwiseParallel"]
 
 
 def _colwise_input(
-    input_layout: Placement, cast: dict, who: str, mod: nn.Module, inputs, device_mesh
+    input_layout: Placement, cast: CastSettings, who: str, mod: nn.Module, inputs, device_mesh
 ):
     """ColwiseParallel's input preparation, with a Shard(d) -> Replicate gathered as MX."""
     x = inputs[0]
@@ -40,7 +42,7 @@ def _colwise_input(
         log_once(who, input_layout)
         mx = False
     if mx:
-        return gather_replicated(x, device_mesh, input_layout.dim, **cast, who=who)
+        return gather_replicated(x, device_mesh, input_layout.dim, cast=cast, who=who)
     if not isinstance(x, DTensor):
         x = DTensor.from_local(x, device_mesh, (input_layout,), run_check=False)
     if input_layout != Replicate():
@@ -48,18 +50,26 @@ def _colwise_input(
     return x
 
 
-class MXColwiseParallel(ColwiseParallel):
+class MXColwiseParallel(CastFields, ColwiseParallel):
     """``ColwiseParallel`` for an MX linear: weight [N, K] (and bias) sharded along N,
     input ``Replicate()``, output ``Shard(-1)`` unless ``output_layouts`` says otherwise.
 
     Keyword Args:
         input_layouts: layout the input arrives in (default ``Replicate()``); a
             ``Shard(d)`` with d not the last dim is gathered as the rowwise MX cast
-            (``fmt``, ``block_size``, ``scale_mode``, ``backend``: use the linear's input
-            cast, so the gather changes none of its forward values; the gradient is
-            reduce-scattered in its dtype). ``Shard(-1)`` is gathered in high precision.
+            ``cast`` (the gradient is reduce-scattered in its dtype). ``Shard(-1)`` is
+            gathered in high precision.
         output_layouts: layout of the output (default ``Shard(-1)``).
         use_local_output: return a plain local tensor (default True).
+        cast: the linear's input cast (default ``CastSettings()``: fp8_e4m3, 32, rceil,
+            auto), so the gather changes none of its forward values; its ``block_size``
+            is the one the weight's shards must hold whole.
+        fmt, block_size, scale_mode, backend: the same given one by one (kept for one
+            release; not together with ``cast``). Read back as attributes, as ever.
+
+    Raises:
+        TypeError: ``cast`` and any of the four keywords both given.
+        ValueError: a cast setting CastSettings refuses.
 
     Raises (at ``parallelize_module``):
         ValueError: out_features per rank or in_features not a multiple of ``block_size``.
@@ -72,30 +82,29 @@ class MXColwiseParallel(ColwiseParallel):
         input_layouts: Placement | None = None,
         output_layouts: Placement | None = None,
         use_local_output: bool = True,
-        fmt: str = "fp8_e4m3",
-        block_size: int = 32,
-        scale_mode: str = "rceil",
-        backend: str = "auto",
+        cast: CastSettings | None = None,
+        fmt: str | None = None,
+        block_size: int | None = None,
+        scale_mode: str | None = None,
+        backend: str | None = None,
     ) -> None:
+        who = type(self).__name__
+        self.cast = cast_from_args(who, cast, fmt=fmt, block_size=block_size,
+                                   scale_mode=scale_mode, backend=backend)  # fmt: skip
         super().__init__(
             input_layouts=input_layouts,
             output_layouts=output_layouts,
             use_local_output=use_local_output,
         )
-        self.fmt, self.block_size, self.scale_mode, self.backend = (
-            fmt, block_size, scale_mode, backend,
-        )  # fmt: skip
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         who = type(self).__name__
-        check_linear(who, module, device_mesh, 0, self.block_size)
-        cast = {"fmt": self.fmt, "block_size": self.block_size, "scale_mode": self.scale_mode,
-                "backend": self.backend}  # fmt: skip
+        check_linear(who, module, device_mesh, 0, self.cast.block_size)
         return distribute_module(
             module,
             device_mesh,
             self._partition_linear_fn,
-            partial(_colwise_input, self.input_layouts[0], cast, who),
+            partial(_colwise_input, self.input_layouts[0], self.cast, who),
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
         )
 
@@ -103,8 +112,7 @@ class MXColwiseParallel(ColwiseParallel):
         return (
             f"{type(self).__name__}(input_layouts={self.input_layouts}, "
             f"output_layouts={self.output_layouts}, use_local_output={self.use_local_output}, "
-            f"fmt={self.fmt!r}, block_size={self.block_size}, scale_mode={self.scale_mode!r}, "
-            f"backend={self.backend!r})"
+            f"cast={self.cast!r})"
         )
 
 
