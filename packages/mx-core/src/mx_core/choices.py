@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from typing import Any, TypeVar
 
-from mx_core.formats import _FORMATS, ElementFormat
+from mx_core.formats import FORMAT_NAMES, ElementFormat, get_format
 
 __all__ = ["CastBackend", "Choice", "ComputePath", "ElementFormatName", "MatmulBackend"]
 
@@ -92,7 +92,7 @@ class ElementFormatName(Choice, noun="an MX element format", arg="fmt"):
     @property
     def format(self) -> ElementFormat:
         """The format's properties (:func:`mx_core.get_format`)."""
-        return _FORMATS[self.value]
+        return get_format(self.value)
 
     @classmethod
     def parse(cls, value: object, *, arg: str | None = None) -> ElementFormatName:
@@ -104,7 +104,7 @@ class ElementFormatName(Choice, noun="an MX element format", arg="fmt"):
             ValueError: an unknown name, or an ElementFormat that is not mx-core's.
         """
         if isinstance(value, ElementFormat):
-            if _FORMATS.get(value.name) != value:
+            if value.name not in FORMAT_NAMES or get_format(value.name) != value:
                 name = cls._arg if arg is None else arg
                 raise ValueError(
                     f"{name}={value!r} is not an MX element format of mx-core; allowed: "
