@@ -9,7 +9,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # mx_nn joins once its own circle is gone.
-PACKAGES = ("mx_core", "mx_kernels", "mx_dtensor")
+PACKAGES = ("mx_core", "mx_kernels", "mx_dtensor", "mx_nn")
 
 # mx-kernels, top to bottom (packages/mx-kernels/README.md, "Layout"): each module
 # imports only modules of its own layer or of the layers below it.

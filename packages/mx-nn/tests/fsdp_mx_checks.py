@@ -21,7 +21,8 @@ from torch.utils.checkpoint import checkpoint
 
 import mx_nn
 from mx_core import get_format
-from mx_nn.fsdp_weight import MXGatheredWeight, enable_fsdp_mx_all_gather
+from mx_nn.fsdp.enable import enable_fsdp_mx_all_gather
+from mx_nn.fsdp.weight import MXGatheredWeight
 
 STEPS = 3
 MX_LINEARS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")

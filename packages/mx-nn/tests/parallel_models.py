@@ -120,13 +120,13 @@ def hf_model(seed: int = 0) -> nn.Module:
 
 
 def project_model(seed: int = 0) -> nn.Module:
-    """The project's own mx_nn.Llama at the tests' shape."""
+    """The project's own mx_nn.models.Llama at the tests' shape."""
     import mx_nn
 
     torch.manual_seed(seed)
-    config = mx_nn.LlamaConfig(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS,
+    config = mx_nn.models.LlamaConfig(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS,
                                vocab_size=VOCAB, hidden_dim=FFN)  # fmt: skip
-    return mx_nn.Llama(config)
+    return mx_nn.models.Llama(config)
 
 
 def logits_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Layers that read one input (q/k/v, gate/up) share its casts: eager within one call of
-their parent module (mx_nn.cast_cache), compiled through the compiler's
+their parent module (mx_nn.casts.scopes), compiled through the compiler's
 common-subexpression elimination. A shared cast never outlives that call."""
 
 import gc
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import mx_nn
+import mx_nn.casts.scopes as cast_cache
 from mx_kernels.testing import counting_casts
-from mx_nn import cast_cache
 
 PATHS = ["fake_quant", "mx"]
 

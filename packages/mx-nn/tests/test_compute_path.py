@@ -1,4 +1,4 @@
-"""Which of MXLinear's paths runs (mx_nn.compute_path): the fused path only where every
+"""Which of MXLinear's paths runs (mx_nn.casts.compute_path): the fused path only where every
 GEMM would be scaled_mm's dequant_bf16 design; forced with gemm_backend="triton" on CPU
 (scaled_mm's default design there is dequant_bf16)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mx_nn import MXLinearConfig
-from mx_nn.compute_path import cast_kwargs, clear_decisions, fake_quant_path
+from mx_nn.casts.compute_path import cast_kwargs, clear_decisions, fake_quant_path
 
 FUSED = MXLinearConfig(gemm_backend="triton", cast_backend="triton")
 

@@ -1,4 +1,4 @@
-"""mx_nn.gathered_cast: after an MX all-gather (PrepareMXModuleInput) the q/k/v MXLinears
+"""mx_nn.casts.gathered: after an MX all-gather (PrepareMXModuleInput) the q/k/v MXLinears
 take the gather's cast and make no forward input cast of their own; their outputs are
 bit-identical to those after a bf16 gather (the linears' own cast of those values), on
 both compute paths (2 gloo ranks)."""
@@ -39,6 +39,7 @@ def _worker(rank: int, world: int) -> dict:
 
     counting = counting_casts()  # kept: exiting (or collecting) it stops the count
     calls = counting.__enter__()  # this process only runs the test
+    mx_nn.casts.enable_gather_handover()  # parallelize calls it; this test builds its own plan
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(BATCH, SEQ, DIM, generator=g).to(torch.bfloat16).chunk(world, 1)[rank]
@@ -100,8 +101,8 @@ def _parallelized_worker(rank: int, world: int) -> dict:
     out = {}
     for path in ("mx", "fake_quant"):
         torch.manual_seed(0)
-        shape = mx_nn.LlamaConfig(dim=DIM, hidden_dim=320)  # no weight is [M, DIM] per rank
-        model = mx_nn.Llama(shape).to(torch.bfloat16)
+        shape = mx_nn.models.LlamaConfig(dim=DIM, hidden_dim=320)  # no weight is [M, DIM] per rank
+        model = mx_nn.models.Llama(shape).to(torch.bfloat16)
         config = mx_nn.MXLinearConfig.from_recipe("mxfp8", compute_path=path)
         model = mx_nn.parallelize(model, mesh, recipe=config)
         tokens = torch.randint(0, 256, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))

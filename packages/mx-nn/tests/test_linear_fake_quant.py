@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from mx_nn import MXLinear, MXLinearConfig, compute_path
+from mx_nn import MXLinear, MXLinearConfig
+from mx_nn.casts import compute_path
 
 FUSED = MXLinearConfig(gemm_backend="triton", cast_backend="triton")
 RTOL = 1e-5  # fp32 outputs of exact products: the paths differ only in summation order
@@ -99,10 +100,10 @@ def test_bf16_parameters_and_autocast(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_planned_casts_equal_the_general_path(dtype, monkeypatch):
-    """The plain case runs its casts' plans directly (mx_nn.fused_casts); the general
+    """The plain case runs its casts' plans directly (mx_nn.casts.fused); the general
     path, through the public functions, gives the same bits, forward and backward,
     including a second call that finds the plans made."""
-    import mx_nn.fused_casts
+    import mx_nn.casts.fused
     from mx_kernels.testing import counting_casts
 
     monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
@@ -115,7 +116,7 @@ def test_planned_casts_equal_the_general_path(dtype, monkeypatch):
             planned.append([t.clone() for t in _run(fused, x, grad)])
             fused.zero_grad()
     assert [op for op, _ in casts] == ["fake_quantize_both"] * 6  # X, W, dY per call
-    assert any(c.config is fused.config for c in mx_nn.fused_casts._CASTS.values())  # planned
+    assert any(c.config is fused.config for c in mx_nn.casts.fused._CASTS.values())  # planned
     with monkeypatch.context() as m:
         m.setattr("mx_nn.linear.fused_casts", lambda *args: None)
         general = _run(fused, x, grad)

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 import mx_nn
-from mx_nn.llama import apply_rope, rope_tables
+from mx_nn.models.llama import apply_rope, rope_tables
 
 SMALL = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, max_seq_len=32)
 
 
 def test_module_names_follow_torchtitan():
-    model = mx_nn.Llama(mx_nn.LlamaConfig(**SMALL))
+    model = mx_nn.models.Llama(mx_nn.models.LlamaConfig(**SMALL))
     names = {n for n, _ in model.named_parameters()}
     per_layer = ["attention_norm.weight", "ffn_norm.weight"]
     per_layer += [f"attention.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
@@ -26,7 +26,7 @@ def test_module_names_follow_torchtitan():
 
 def test_causal_and_shapes():
     torch.manual_seed(0)
-    model = mx_nn.Llama(mx_nn.LlamaConfig(**SMALL))
+    model = mx_nn.models.Llama(mx_nn.models.LlamaConfig(**SMALL))
     tokens = torch.randint(0, 256, (2, 16))
     logits = model(tokens)
     assert logits.shape == (2, 16, 256) and logits.dtype == torch.float32
@@ -41,8 +41,8 @@ def test_gqa_matches_full_heads_with_repeated_kv():
     """GQA with n_kv_heads=2 equals multi-head attention whose k/v weights repeat each
     kv head's rows for its query heads."""
     torch.manual_seed(0)
-    gqa = mx_nn.Attention(mx_nn.LlamaConfig(**SMALL))
-    mha = mx_nn.Attention(mx_nn.LlamaConfig(**{**SMALL, "n_kv_heads": 4}))
+    gqa = mx_nn.models.Attention(mx_nn.models.LlamaConfig(**SMALL))
+    mha = mx_nn.models.Attention(mx_nn.models.LlamaConfig(**{**SMALL, "n_kv_heads": 4}))
     with torch.no_grad():
         mha.wq.weight.copy_(gqa.wq.weight)
         mha.wo.weight.copy_(gqa.wo.weight)
@@ -70,9 +70,9 @@ def test_rope_rotates_pairs_and_keeps_norms():
 
 def test_init_is_reproducible_and_convert_keeps_names():
     torch.manual_seed(3)
-    a = mx_nn.Llama(mx_nn.LlamaConfig(**SMALL))
+    a = mx_nn.models.Llama(mx_nn.models.LlamaConfig(**SMALL))
     torch.manual_seed(3)
-    b = mx_nn.Llama(mx_nn.LlamaConfig(**SMALL))
+    b = mx_nn.models.Llama(mx_nn.models.LlamaConfig(**SMALL))
     for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert torch.equal(pa, pb), na
     keys = set(b.state_dict())
@@ -98,10 +98,10 @@ def test_init_is_reproducible_and_convert_keeps_names():
 )
 def test_config_validation(overrides, error, match):
     with pytest.raises(error, match=match):
-        mx_nn.LlamaConfig(**{**SMALL, **overrides})
+        mx_nn.models.LlamaConfig(**{**SMALL, **overrides})
 
 
 def test_too_long_sequence_is_an_error():
-    model = mx_nn.Llama(mx_nn.LlamaConfig(**SMALL))
+    model = mx_nn.models.Llama(mx_nn.models.LlamaConfig(**SMALL))
     with pytest.raises(ValueError, match="exceeds max_seq_len=32"):
         model(torch.zeros(1, 33, dtype=torch.long))

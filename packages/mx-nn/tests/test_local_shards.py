@@ -1,4 +1,4 @@
-"""MXLinear on DTensors runs as one op on the local shards (``mx_nn.placements``): the
+"""MXLinear on DTensors runs as one op on the local shards (``mx_nn.dtensor.placements``): the
 same results, bit for bit, and the same gradient placements as dispatching every mx op
 through DTensor and its sharding rules, with no mx op left to DTensor's dispatch."""
 
@@ -34,8 +34,8 @@ def _run_block(
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    import mx_nn.dtensor.local_shards
     import mx_nn.linear
-    import mx_nn.local_shards
 
     rank, tp = mesh.get_local_rank(), mesh.size()
     g = torch.Generator().manual_seed(1)
@@ -53,7 +53,7 @@ def _run_block(
                 seen[str(func)] = seen.get(str(func), 0) + 1
             return func(*args, **(kwargs or {}))
 
-    ls = mx_nn.local_shards
+    ls = mx_nn.dtensor.local_shards
     saved = mx_nn.linear._LOCAL_SHARDS, ls._EAGER_OP, ls._FROM_LOCAL_GRAD, ls._FAST_NEW
     mx_nn.linear._LOCAL_SHARDS = local
     ls._EAGER_OP = form.startswith("eager")

@@ -157,7 +157,7 @@ def test_four_ranks_dp_x_tp_tp4_and_checkpoints_across_degrees(tmp_path):
     results = spawn(four_rank_suite, 4, FOUR_RANKS, str(tmp_path))
     for rank_result in results:
         _check_equivalence(rank_result["equivalence"])
-    # mx_nn.Llama in mxfp8, the transformers model with its nn.Linear layers. The next
+    # mx_nn.models.Llama in mxfp8, the transformers model with its nn.Linear layers. The next
     # step's loss after loading matches the saved run's within 1e-6 (measured bit-exact
     # for mxfp8); the step after, which shows the AdamW state came back, within 1e-6 for
     # nn.Linear and MX_LOSS_REL for mxfp8 (its gradients at another degree, see above).

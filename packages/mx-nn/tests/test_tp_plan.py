@@ -1,4 +1,4 @@
-"""mx_nn.tp_plan: which style each module of a torchtitan-named model gets (no process
+"""mx_nn.plan.tp_plan: which style each module of a torchtitan-named model gets (no process
 group: the plan is only built here; test_parallelize.py runs it).
 
 MX linears get mx-dtensor's MX styles with their own cast, everything else PyTorch's;
@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import (
 
 import mx_nn
 from mx_dtensor import MXColwiseParallel, MXRowwiseParallel, PrepareMXModuleInput
-from mx_nn.tp_plan import block_plan, find_model_map, root_plan
+from mx_nn.plan.tp_plan import block_plan, find_model_map, root_plan
 
 sys.path.insert(0, str(Path(__file__).parent))
 from parallel_models import titan_model  # noqa: E402

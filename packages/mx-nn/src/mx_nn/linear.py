@@ -12,9 +12,9 @@ dY [M, N]); the cast of a tensor needed in both orientations is one pass
 
 Layers that read the same input tensor (q/k/v, gate/up) share its casts within one
 call of their parent module: each cast of the input is made once there
-(:mod:`mx_nn.cast_cache`; under torch.compile the compiler merges the identical
+(:mod:`mx_nn.casts.scopes`; under torch.compile the compiler merges the identical
 casts). After an MX all-gather of mx-dtensor's styles no layer makes the forward one:
-the gather's cast is handed over (:mod:`mx_nn.gathered_cast`).
+the gather's cast is handed over (:mod:`mx_nn.casts.gathered`).
 
 Rows are padded with zeros to a multiple of the block size where a cast runs along M
 (zeros add nothing to dW). fp6 formats and block sizes other than 32 have no MX GEMM:
@@ -24,7 +24,7 @@ DTensor inputs and weights (as ``parallelize_module`` makes them with PyTorch's
 ``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel`` and ``PrepareModuleInput``)
 run on their local shards: every op has a sharding rule (:mod:`mx_dtensor`) that keeps
 the placements and communicates nothing, so the layer runs as one op from the DTensors
-to a DTensor on the local tensors (:mod:`mx_nn.local_shards`; the same results bit for
+to a DTensor on the local tensors (:mod:`mx_nn.dtensor.local_shards`; the same results bit for
 bit as dispatching each op through DTensor, without its per-op host cost). The output is
 Shard(-1) when the weight is Shard(0) (colwise), Partial when the input and weight
 are sharded along K (rowwise), sharded as the input along M when M is. Folding the
@@ -45,7 +45,7 @@ torch.compile the weight's and dY's casts, made once per call, are left to the c
 to launch (``inline=True``); X's, shared by the layers that read X, stay ops that the
 compiler merges.
 ``MXLinearConfig.compute_path`` forces either path ("mx" or "fake_quant", on any
-device); "auto" decides as above (:mod:`mx_nn.compute_path`, which logs the choice once
+device); "auto" decides as above (:mod:`mx_nn.casts.compute_path`, which logs the choice once
 per device).
 """
 
@@ -59,15 +59,12 @@ from torch.distributed.tensor import DTensor
 
 import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 import mx_kernels
-import mx_nn.gathered_cast  # noqa: F401  (MX gathers hand their cast to these layers)
+import mx_nn.fsdp.gathered as fsdp_gathered
 from mx_core import MXTensor, get_format
 from mx_kernels.matmul import bf16_gemm
-from mx_nn import fsdp_gathered
-from mx_nn.cast_cache import add_cast_scope
-from mx_nn.compute_path import GEMM_BLOCK, fake_quant_path
-from mx_nn.config import MXLinearConfig, MXRecipe
-from mx_nn.fused_casts import fused_casts
-from mx_nn.layer_casts import (
+from mx_nn.casts.compute_path import GEMM_BLOCK, fake_quant_path
+from mx_nn.casts.fused import fused_casts
+from mx_nn.casts.layer import (
     as_rows,
     cast_weight,
     config_cast,
@@ -75,15 +72,17 @@ from mx_nn.layer_casts import (
     mx_input,
     pad_rows,
 )
-from mx_nn.local_shards import on_local_shards, reduced
-from mx_nn.placements import linear_layout
+from mx_nn.casts.scopes import add_cast_scope
+from mx_nn.config import MXLinearConfig, MXRecipe
+from mx_nn.dtensor.local_shards import on_local_shards, reduced
+from mx_nn.dtensor.placements import linear_layout
 
 __all__ = ["MXLinear", "share_input_casts"]
 
 logger = logging.getLogger("mx_nn")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the casts take
 _LOGGED: set[tuple[str, str]] = set()  # (why, device) of the emulated GEMMs logged
-# DTensor inputs run as one op on their local shards (mx_nn.local_shards); False
+# DTensor inputs run as one op on their local shards (mx_nn.dtensor.local_shards); False
 # dispatches every mx op through DTensor and its sharding rules instead (tests compare
 # the two, bit for bit).
 _LOCAL_SHARDS = True
@@ -347,7 +346,7 @@ def _check_dims(in_features: int, out_features: int, config: MXLinearConfig) -> 
 
 def share_input_casts(model: nn.Module) -> int:
     """Give every module of ``model`` (itself included) with two or more MXLinear
-    children a cast scope (:func:`mx_nn.cast_cache.add_cast_scope`): within each of its
+    children a cast scope (:func:`mx_nn.casts.scopes.add_cast_scope`): within each of its
     calls, the children that read one input tensor share its casts (q/k/v, gate/up).
     ``convert`` calls it; call it after building a model with MXLinear layers by hand.
     Idempotent. Returns how many modules have a scope now."""

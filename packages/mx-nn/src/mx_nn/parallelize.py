@@ -1,5 +1,5 @@
 """``parallelize(model, mesh)``: MX conversion, tensor/sequence parallelism and FSDP2 for
-Llama-style models (the namings and the plan are in :mod:`mx_nn.tp_plan`)."""
+Llama-style models (the namings and the plan are in :mod:`mx_nn.plan.tp_plan`)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
 from mx_dtensor import PrepareMXModuleInput
-from mx_nn.cast_cache import add_cast_scope
+from mx_nn.casts.gathered import enable_gather_handover
+from mx_nn.casts.scopes import add_cast_scope
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.convert import convert
-from mx_nn.fsdp_check import check_fsdp_mx
-from mx_nn.fsdp_weight import enable_fsdp_mx_all_gather
+from mx_nn.fsdp.check import check_fsdp_mx
+from mx_nn.fsdp.enable import enable_fsdp_mx_all_gather
 from mx_nn.linear import MXLinear
-from mx_nn.parallelize_check import (
+from mx_nn.plan.checks import (
     check_flags,
     check_not_parallelized,
     check_plan_modules,
@@ -28,7 +29,7 @@ from mx_nn.parallelize_check import (
     expand_plan,
     mark_parallelized,
 )
-from mx_nn.tp_plan import NAMINGS, ModelMap, block_plan, find_model_map, root_plan
+from mx_nn.plan.tp_plan import NAMINGS, ModelMap, block_plan, find_model_map, root_plan
 
 __all__ = ["parallelize"]
 
@@ -82,12 +83,12 @@ def parallelize(
             (codes + scales, 0.52x bf16's bytes; ``mx_dtensor.PrepareMXModuleInput`` and
             ``MXColwiseParallel``): the same forward values, dW from a second cast of
             them. False gathers in high precision. No effect at tp=1. Either way the
-            MX linears get mx-dtensor's MX styles (``mx_nn.tp_plan``).
+            MX linears get mx-dtensor's MX styles (``mx_nn.plan.tp_plan``).
         mx_lm_head: convert the LM head too.
         compile: ``torch.compile`` each decoder block (in place, fqns unchanged).
         fsdp_mx_all_gather: FSDP2 gathers each decoder block's MXLinear weights as MX
             casts (rowwise in forward, columnwise in backward: 1 + 1/32 bytes per
-            element against 2 for bf16; :mod:`mx_nn.fsdp_weight`) and reshards the
+            element against 2 for bf16; :mod:`mx_nn.fsdp.weight`) and reshards the
             blocks after forward; the same losses and gradients bit for bit. Needs a
             "dp" mesh dim, the built-in plan, each such weight's rows per dp rank
             (after TP) a whole number of MX blocks, and no activation checkpointing;
@@ -271,8 +272,10 @@ def _sequence_parallel_applies(model_map: ModelMap | None, plan) -> bool:
 def _apply_plan(model: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> None:
     """``parallelize_module`` with ``plan`` (keys: module paths), then a cast scope on each
     module whose input an MX gather prepares: the gather hands its cast to the linears
-    called inside through that scope (:mod:`mx_nn.gathered_cast`)."""
+    called inside through that scope (:mod:`mx_nn.casts.gathered`)."""
     parallelize_module(model, tp_mesh, plan)
+    if any(isinstance(style, PrepareMXModuleInput) for style in plan.values()):
+        enable_gather_handover()
     for fqn, style in plan.items():
         if isinstance(style, PrepareMXModuleInput):
             add_cast_scope(model.get_submodule(fqn))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mx_nn.llama import Llama, LlamaConfig
+from mx_nn.models.llama import Llama, LlamaConfig
 from mx_nn.train import checkpoint, main, parse_args
 from mx_nn.train.guard import all_finite, first_nonfinite_module
 from mx_nn.train.loop import build_model

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from mx_nn.config import MXRecipe
-from mx_nn.llama import LlamaConfig
+from mx_nn.models.llama import LlamaConfig
 from mx_nn.train import budget, checkpoint
 
 __all__ = ["BF16", "SAVE_EVERY", "TrainArgs", "build_parser", "parse_args"]

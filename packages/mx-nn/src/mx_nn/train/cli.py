@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 import mx_nn
-from mx_nn.llama import Llama
+from mx_nn.models.llama import Llama
 from mx_nn.train import checkpoint
 from mx_nn.train.args import BF16, TrainArgs, parse_args
 from mx_nn.train.data import ByteData, load_text

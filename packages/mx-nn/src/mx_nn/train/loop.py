@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 import mx_nn
-from mx_nn.llama import Llama
+from mx_nn.models.llama import Llama
 from mx_nn.train import checkpoint
 from mx_nn.train.args import BF16, TrainArgs
 from mx_nn.train.data import ByteData

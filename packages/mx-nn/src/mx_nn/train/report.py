@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from mx_core.testing import sqnr_db
-from mx_nn.llama import TransformerBlock
+from mx_nn.models.llama import TransformerBlock
 from mx_nn.train.args import BF16
 from mx_nn.train.guard import forward_hooked
 from mx_nn.train.loop import RunResult

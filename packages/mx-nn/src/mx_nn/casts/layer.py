@@ -1,6 +1,6 @@
 """MXLinear's casts of its operands: the config's cast arguments, X's casts shared by the
 layers that read X within one call of their parent (q/k/v, gate/up:
-:mod:`mx_nn.cast_cache`) or handed over by an MX gather (:mod:`mx_nn.gathered_cast`),
+:mod:`mx_nn.casts.scopes`) or handed over by an MX gather (:mod:`mx_nn.casts.gathered`),
 the weight's kept across the micro-batches of one step inside
 ``mx_nn.keep_weight_casts()``, and rows padded to whole MX blocks where a cast runs
 along M.
@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 import mx_kernels
-from mx_nn.cast_cache import cast_shared, cast_weight_kept, peek_cast
-from mx_nn.compute_path import cast_kwargs
+from mx_nn.casts.compute_path import cast_kwargs
+from mx_nn.casts.scopes import cast_shared, cast_weight_kept, peek_cast
 from mx_nn.config import MXLinearConfig
 
 __all__ = [
@@ -34,7 +34,7 @@ def config_cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool =
 
 def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool = False):
     """:func:`config_cast` of the weight, kept while it is unchanged inside
-    ``mx_nn.keep_weight_casts()`` (:func:`mx_nn.cast_cache.cast_weight_kept`)."""
+    ``mx_nn.keep_weight_casts()`` (:func:`mx_nn.casts.scopes.cast_weight_kept`)."""
     if inline:
         return cast_weight_kept(fn, weight, fmt, inline=True, **cast_kwargs(c))
     return cast_weight_kept(fn, weight, fmt, **cast_kwargs(c))
@@ -42,7 +42,7 @@ def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig, inline: b
 
 def cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     """:func:`config_cast` of the layer's input, shared with the other layers that read the
-    same tensor (q/k/v, gate/up; :mod:`mx_nn.cast_cache`)."""
+    same tensor (q/k/v, gate/up; :mod:`mx_nn.casts.scopes`)."""
     return cast_shared(fn.__name__, fn, x, fmt, **cast_kwargs(c))
 
 
@@ -59,7 +59,7 @@ def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     if not isinstance(x, DTensor):
         return F.pad(x, (0, 0, 0, extra))
     # M is not sharded here: a sharded M holds whole blocks or MXLinear refused it
-    # (mx_nn.placements), so it needs no padding. Each rank pads its own rows.
+    # (mx_nn.dtensor.placements), so it needs no padding. Each rank pads its own rows.
     if any(getattr(p, "dim", None) == 0 for p in x.placements):
         raise ValueError(f"MXLinear: rows sharded as {x.placements} cannot be padded locally")
     m, k = x.shape

@@ -3,7 +3,7 @@
 The layer's ops are the same either way (each mx op's sharding rule keeps its inputs'
 placements and communicates nothing, :mod:`mx_dtensor`), so instead of dispatching each
 of them through DTensor, the layer computes on the local tensors and wraps the result
-in the placements :func:`mx_nn.placements.linear_layout` gives: the same values bit for
+in the placements :func:`mx_nn.dtensor.placements.linear_layout` gives: the same values bit for
 bit and the same gradient placements (``tests/test_local_shards.py``), without DTensor's
 per-op host cost (BENCHMARKS.md, 2026-12-04 'DTensor path: local shards').
 
@@ -23,7 +23,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-from mx_nn.placements import LinearLayout
+from mx_nn.dtensor.placements import LinearLayout
 
 __all__ = ["on_local_shards", "reduced"]
 

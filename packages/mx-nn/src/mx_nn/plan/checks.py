@@ -1,6 +1,6 @@
 """What ``parallelize`` checks before it changes the model: its arguments, that the model
 is not parallelized yet, an explicit plan's styles against their modules, and the
-tensor-parallel sizes of the built-in plan (FSDP2's MX gathers: :mod:`mx_nn.fsdp_check`).
+tensor-parallel sizes of the built-in plan (FSDP2's MX gathers: :mod:`mx_nn.fsdp.check`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from mx_dtensor import MXColwiseParallel, MXRowwiseParallel
 from mx_dtensor.styles.common import check_linear
-from mx_nn.tp_plan import ModelMap, Naming
+from mx_nn.plan.tp_plan import ModelMap, Naming
 
 __all__ = [
     "check_flags",

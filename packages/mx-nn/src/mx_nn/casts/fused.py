@@ -27,8 +27,8 @@ import mx_kernels
 from mx_core import get_format
 from mx_kernels.cast_plan import CastPlan, plan_for
 from mx_kernels.library import may_skip_dispatch
-from mx_nn.cast_cache import cast_shared_plan, peek_cast, weight_casts_kept
-from mx_nn.compute_path import cast_kwargs
+from mx_nn.casts.compute_path import cast_kwargs
+from mx_nn.casts.scopes import cast_shared_plan, peek_cast, weight_casts_kept
 from mx_nn.config import MXLinearConfig
 
 __all__ = ["FusedCasts", "fused_casts"]
@@ -56,7 +56,7 @@ class FusedCasts:
 
     def input(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """X's (rowwise, columnwise) fake-quantized values, made once for the layers
-        that read the same X within one call of their parent (:mod:`mx_nn.cast_cache`)."""
+        that read the same X within one call of their parent (:mod:`mx_nn.casts.scopes`)."""
         return cast_shared_plan(_SITE, self.x_plan, x2)
 
     def weight(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +99,7 @@ def fused_casts(
 
 
 def _handed(x2: torch.Tensor, c: MXLinearConfig) -> bool:
-    """Whether an MX gather handed X's rowwise cast over (:mod:`mx_nn.gathered_cast`):
+    """Whether an MX gather handed X's rowwise cast over (:mod:`mx_nn.casts.gathered`):
     the general path takes it instead of casting."""
     rowwise = mx_kernels.fake_quantize_rowwise
     return peek_cast(rowwise.__name__, rowwise, x2, c.input_fmt, **cast_kwargs(c)) is not None

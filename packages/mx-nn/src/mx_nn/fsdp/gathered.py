@@ -1,5 +1,5 @@
 """How an :class:`mx_nn.MXLinear` reads FSDP's gathered MX cast of its weight
-(:class:`mx_nn.fsdp_weight.MXGatheredWeight`) in place of casting the weight: the
+(:class:`mx_nn.fsdp.weight.MXGatheredWeight`) in place of casting the weight: the
 rowwise cast in forward, the columnwise one in backward, as the casts of
 ``mx_kernels`` would return them for the whole weight (codes and scales, or their
 dequantized values for the fused path), as DTensors with the weight's placements for a
@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 import mx_kernels
 from mx_nn.config import MXLinearConfig
-from mx_nn.fsdp_weight import MXGatheredWeight
+from mx_nn.fsdp.weight import MXGatheredWeight
 
 __all__ = ["colwise", "colwise_dequantized", "is_gathered", "rowwise", "rowwise_dequantized"]
 

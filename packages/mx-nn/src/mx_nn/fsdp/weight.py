@@ -1,8 +1,8 @@
 """FSDP2 all-gathers of :class:`mx_nn.MXLinear` weights in MX instead of high precision.
 
-:func:`enable_fsdp_mx_all_gather` (``parallelize(..., fsdp_mx_all_gather=True)`` calls
-it) makes each MXLinear weight's local tensor an :class:`MXShardedWeight` before
-``fully_shard``. FSDP2 then calls its all-gather extension points
+:func:`~mx_nn.fsdp.enable.enable_fsdp_mx_all_gather` (``parallelize(...,
+fsdp_mx_all_gather=True)`` calls it) makes each MXLinear weight's local tensor an
+:class:`MXShardedWeight` before ``fully_shard``. FSDP2 then calls its all-gather extension points
 (``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``, torch/distributed/fsdp/_fully_shard/
 _fsdp_param.py) instead of gathering the weight itself:
 
@@ -22,7 +22,7 @@ code bytes, N_r * K / bs scale bytes), so FSDP's reused all-gather buffers fit b
 
 The unsharded parameter FSDP builds from them is an :class:`MXGatheredWeight`: the
 weight's shape and dtype, holding only the gathered bytes and which cast they are. An
-MXLinear reads it (:mod:`mx_nn.fsdp_gathered`) instead of casting the weight; its
+MXLinear reads it (:mod:`mx_nn.fsdp.gathered`) instead of casting the weight; its
 forward keeps only the parameter for backward, whose storage FSDP frees after the block
 and refills in backward. Every other op on it raises. Reading the wrong cast (a
 forward inside backward, as activation-checkpointing recompute does; a backward
@@ -42,14 +42,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 import mx_kernels
 from mx_nn.config import MXLinearConfig
 
-__all__ = ["MXGatheredWeight", "MXShardedWeight", "enable_fsdp_mx_all_gather", "is_sharded"]
+__all__ = ["MXGatheredWeight", "MXShardedWeight", "ShardState", "is_sharded", "row_chunks"]
 
 aten = torch.ops.aten
 # Ops that FSDP2 uses to build, pad, view and move the sharded parameter: their results
@@ -62,7 +61,7 @@ _SHARDED_KEEP = {
 
 
 @dataclass
-class _ShardState:
+class ShardState:
     layer: str
     forward_dtype: torch.dtype | None = None  # the dtype the last forward gather cast from
 
@@ -95,7 +94,7 @@ def _wrapper(cls, shape, dtype, device, strides=None, offset=None) -> torch.Tens
     )  # fmt: skip
 
 
-def _chunks(rows: int, world: int) -> list[int]:
+def row_chunks(rows: int, world: int) -> list[int]:
     """Rows per rank of a dim of ``rows`` split over ``world`` ranks as torch.chunk (and
     FSDP2) split it."""
     chunk = -(-rows // world)
@@ -108,15 +107,15 @@ class MXShardedWeight(torch.Tensor):
     it wraps; FSDP's views and copies of it stay this type."""
 
     _data: torch.Tensor
-    _state: _ShardState
+    _state: ShardState
 
     @staticmethod
-    def __new__(cls, data: torch.Tensor, state: _ShardState):
+    def __new__(cls, data: torch.Tensor, state: ShardState):
         return _wrapper(
             cls, data.shape, data.dtype, data.device, data.stride(), data.storage_offset()
         )
 
-    def __init__(self, data: torch.Tensor, state: _ShardState) -> None:
+    def __init__(self, data: torch.Tensor, state: ShardState) -> None:
         self._data, self._state = data, state
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -167,7 +166,7 @@ class MXShardedWeight(torch.Tensor):
             # Every rank raises (the sizes are global), so none waits in the collective.
             raise ValueError(
                 f"{state.layer}: FSDP splits the weight {tuple(outer_size)} over {world} "
-                f"ranks into rows {_chunks(outer_size[0], world)}, not all multiples of the "
+                f"ranks into rows {row_chunks(outer_size[0], world)}, not all multiples of the "
                 f"MX block size {bs}: the columnwise cast's blocks would cross shards"
             )
         w = w.to(dtype).to(source)
@@ -210,7 +209,7 @@ class MXGatheredWeight(torch.Tensor):
     """FSDP's unsharded MXLinear weight [N, K] when it gathered MX: the shape and dtype of
     the weight, the gathered codes and scales of one cast (rowwise after a forward
     gather, columnwise after a backward one). Only MXLinear reads it
-    (:mod:`mx_nn.fsdp_gathered`); FSDP's views and ``zeros_like`` work, ``.to(dtype)``
+    (:mod:`mx_nn.fsdp.gathered`); FSDP's views and ``zeros_like`` work, ``.to(dtype)``
     works to the dtype the cast was made from (autocast), any other op raises."""
 
     _state: _GatherState
@@ -278,60 +277,7 @@ def _to_copy_ok(w: MXGatheredWeight, kwargs: dict) -> bool:
     return True
 
 
-def enable_fsdp_mx_all_gather(module: nn.Module) -> int:
-    """Make FSDP2 gather every :class:`mx_nn.MXLinear` weight under ``module`` in MX (see
-    the module doc); returns how many. Call it after tensor parallelism and before
-    ``fully_shard``, which must use ``reshard_after_forward=True`` for the modules
-    holding these layers. State dicts keep plain tensors (DTensors of them).
-
-    Raises:
-        ValueError: ``module`` or a module under it is already ``fully_shard``-ed.
-    """
-    from torch.distributed.fsdp import FSDPModule
-
-    from mx_nn.linear import MXLinear  # here: linear.py imports this module
-
-    if any(isinstance(m, FSDPModule) for m in module.modules()):
-        raise ValueError(
-            "enable_fsdp_mx_all_gather must run before fully_shard: "
-            f"{type(module).__name__} already has FSDP-sharded modules"
-        )
-    count = 0
-    for m in module.modules():
-        if not isinstance(m, MXLinear) or is_sharded(m.weight):
-            continue
-        w = m.weight
-        state = _ShardState(m.layer_name)
-        with torch.no_grad():
-            if isinstance(w, DTensor):
-                local = MXShardedWeight(w._local_tensor.detach(), state)
-                new = DTensor.from_local(local, w.device_mesh, w.placements, run_check=False,
-                                         shape=w.shape, stride=w.stride())  # fmt: skip
-            else:
-                new = MXShardedWeight(w.detach(), state)
-        m.weight = nn.Parameter(new, requires_grad=w.requires_grad)
-        m.register_state_dict_post_hook(_plain_state_dict)
-        count += 1
-    return count
-
-
 def is_sharded(weight: torch.Tensor) -> bool:
     """Whether ``weight`` is (a DTensor of) an :class:`MXShardedWeight`."""
     local = weight._local_tensor if isinstance(weight, DTensor) else weight
     return isinstance(local, MXShardedWeight)
-
-
-def _plain_state_dict(module: nn.Module, state_dict: dict, prefix: str, _meta) -> None:
-    """State dicts hold the plain weight (a DTensor of it), so that a checkpoint loads
-    into a model without this option; ``keep_vars=True`` keeps the Parameter."""
-    key = prefix + "weight"
-    v = state_dict.get(key)
-    if v is None or isinstance(v, nn.Parameter) or not is_sharded(v):
-        return
-    if isinstance(v, DTensor):
-        state_dict[key] = DTensor.from_local(
-            v._local_tensor._data, v.device_mesh, v.placements, run_check=False,
-            shape=v.shape, stride=v.stride(),
-        )  # fmt: skip
-    else:
-        state_dict[key] = v._data

@@ -1,13 +1,13 @@
 """What ``parallelize(..., fsdp_mx_all_gather=True)`` checks before it changes the model
-(the all-gathers themselves: :mod:`mx_nn.fsdp_weight`)."""
+(the all-gathers themselves: :mod:`mx_nn.fsdp.weight`)."""
 
 from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from mx_nn.fsdp_weight import _chunks
-from mx_nn.tp_plan import ModelMap
+from mx_nn.fsdp.weight import row_chunks
+from mx_nn.plan.tp_plan import ModelMap
 
 __all__ = ["check_fsdp_mx"]
 
@@ -69,7 +69,7 @@ def check_fsdp_mx(
         out = model.get_submodule(fqn).out_features
         split = tp if fqn[len(block) + 1 :] in colwise else 1
         rows, bs = out // split, mx[fqn]
-        chunks = _chunks(rows, dp)
+        chunks = row_chunks(rows, dp)
         if rows % dp or any(c % bs for c in chunks):
             tp_part = f" (its tp={tp} shard: {rows} rows)" if split > 1 else ""
             raise ValueError(

@@ -4,8 +4,9 @@ mx-dtensor's ``PrepareMXModuleInput`` and ``MXColwiseParallel`` gather a sequenc
 as its rowwise MX cast and hand the module the decoded values; q/k/v (gate/up) would
 then cast those values rowwise along the same blocks, which gives the same values back
 (mx-dtensor's ``test_recasting_decoded_values_reproduces_them``: every format and scale
-mode). The hook registered here (``mx_dtensor.register_gather_hook``, on ``import
-mx_nn``) primes the open cast scope (:mod:`mx_nn.cast_cache`; ``parallelize`` gives
+mode). The hook :func:`enable_gather_handover` registers
+(``mx_dtensor.register_gather_hook``; ``parallelize`` calls it when it installs an MX
+gather) primes the open cast scope (:mod:`mx_nn.casts.scopes`; ``parallelize`` gives
 every module whose input an MX gather prepares a scope) with the result of MXLinear's
 forward input cast of the gathered tensor, so the linears called inside that module
 find it there and none casts:
@@ -32,9 +33,11 @@ from torch.distributed.tensor import DTensor
 
 import mx_kernels
 from mx_dtensor import GatheredCast, register_gather_hook
-from mx_nn.cast_cache import prime_cast
+from mx_nn.casts.scopes import prime_cast
 
-__all__ = ["prime_linear_inputs"]
+__all__ = ["enable_gather_handover", "prime_linear_inputs"]
+
+_HANDLE: list = []  # the registered hook's handle, once registered
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -45,7 +48,7 @@ def prime_linear_inputs(gathered: GatheredCast) -> None:
     """Prime MXLinear's forward input casts (both paths) of ``gathered.decoded``.
 
     MXLinear casts the local tensor of its (Replicate) DTensor input
-    (:mod:`mx_nn.local_shards`), so the keys and casts primed are local tensors too."""
+    (:mod:`mx_nn.dtensor.local_shards`), so the keys and casts primed are local tensors too."""
     x = _local(gathered.decoded)
     kwargs = {"block_size": gathered.block_size, "scale_mode": gathered.scale_mode,
               "backend": gathered.backend}  # fmt: skip
@@ -57,4 +60,9 @@ def prime_linear_inputs(gathered: GatheredCast) -> None:
         prime_cast(fn.__name__, fn, x2, out, gathered.fmt, **kwargs)
 
 
-register_gather_hook(prime_linear_inputs)
+def enable_gather_handover() -> None:
+    """Register :func:`prime_linear_inputs` as an MX gather hook (once per process;
+    idempotent), so the gathers hand their cast to the MXLinear layers in an open cast
+    scope. Importing mx-nn registers nothing: the steps that install MX gathers call this."""
+    if not _HANDLE:
+        _HANDLE.append(register_gather_hook(prime_linear_inputs))
