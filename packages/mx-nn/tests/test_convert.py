@@ -6,6 +6,11 @@ from torch import nn
 
 import mx_nn
 from mx_nn import MXLinear
+from mx_nn.convert import convertible
+
+
+def _messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "mx_nn"]
 
 
 def _model():
@@ -25,7 +30,12 @@ def test_swaps_in_place_keeping_parameters_and_logs_skips(caplog):
     assert out is model
     assert isinstance(model[0], MXLinear) and isinstance(model[2][0], MXLinear)
     assert type(model[2][1]) is nn.Linear  # 10 outputs: not a multiple of 32
-    assert "kept 2.1 as nn.Linear" in caplog.text
+    assert _messages(caplog) == [
+        "mx_nn.convert: 2.1 left alone: features not multiples of the block size (in_features=96, "
+        "out_features=10, block size 32)",
+        "mx_nn.convert: 2 of 3 linears converted to MX (mxfp8); 1 left alone (see above)",
+    ]
+    assert all(r.levelno == logging.INFO for r in caplog.records)
     assert model[2][0].fqn == "2.0" and "MXLinear '2.0' (in_features=128" in model[2][0].layer_name
     for name, p in model.named_parameters():
         assert p is params[name]
@@ -153,3 +163,121 @@ def test_a_linear_reached_twice_becomes_one_mxlinear():
     model = nn.Sequential(shared, nn.ReLU(), shared)
     mx_nn.convert(model)
     assert isinstance(model[0], MXLinear) and model[0] is model[2]
+
+
+class _Plain(nn.Linear):
+    """A subclass that adds a method and an attribute, but keeps nn.Linear's forward."""
+
+    tag = "plain"
+
+    def describe(self) -> str:
+        return f"{self.in_features}->{self.out_features}"
+
+
+class _Doubled(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * super().forward(x)
+
+
+class _DoubledAgain(_Doubled):
+    """Overrides forward through its parent, not itself."""
+
+
+def test_subclass_with_nn_linears_forward_is_converted_sharing_its_parameters(caplog):
+    torch.manual_seed(0)
+    plain = nn.Linear(64, 96)
+    sub = _Plain(64, 96)
+    sub.load_state_dict(plain.state_dict())
+    sub.extra = 1.0
+    weight, bias = sub.weight, sub.bias
+    with caplog.at_level(logging.INFO, logger="mx_nn"):
+        model = mx_nn.convert(nn.Sequential(sub))
+    new = model[0]
+    assert type(new) is MXLinear and new.weight is weight and new.bias is bias
+    # A plain MXLinear: the subclass's attributes and methods stay behind.
+    assert not hasattr(new, "describe") and not hasattr(new, "extra")
+    assert _messages(caplog) == [
+        f"mx_nn.convert: 1 {__name__}._Plain layer(s) became plain MXLinear, without that class's "
+        "other attributes and methods (initialise weights before convert)",
+        "mx_nn.convert: 1 of 1 linears converted to MX (mxfp8); 0 left alone",
+    ]
+    x = torch.randn(4, 64)
+    assert torch.equal(new(x), MXLinear.from_linear(plain)(x))
+
+
+@pytest.mark.parametrize("cls", [_Doubled, _DoubledAgain])
+def test_subclass_overriding_forward_is_left_alone_and_named(cls, caplog):
+    model = nn.Sequential(nn.Linear(64, 64), cls(64, 64))
+    layer = model[1]
+    with caplog.at_level(logging.INFO, logger="mx_nn"):
+        mx_nn.convert(model)
+    assert isinstance(model[0], MXLinear) and model[1] is layer
+    assert _messages(caplog) == [
+        f"mx_nn.convert: 1 left alone: overrides forward ({cls.__qualname__})",
+        "mx_nn.convert: 1 of 2 linears converted to MX (mxfp8); 1 left alone (see above)",
+    ]
+    assert not convertible(layer, mx_nn.MXLinearConfig())
+
+
+def test_forward_set_on_the_instance_or_extra_state_is_left_alone(caplog):
+    from torch.nn.utils import parametrize
+
+    wrapped, extra, parametrized = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64)
+    wrapped.forward = lambda x: nn.Linear.forward(wrapped, x) + 1  # as wrapping frameworks do
+    extra.register_buffer("amax", torch.zeros(()))
+    parametrize.register_parametrization(parametrized, "weight", nn.Identity())
+    model = nn.Sequential(wrapped, extra, parametrized)
+    with caplog.at_level(logging.INFO, logger="mx_nn"):
+        mx_nn.convert(model)
+    assert model[0] is wrapped and model[1] is extra and model[2] is parametrized
+    assert _messages(caplog) == [
+        "mx_nn.convert: 0 left alone: overrides forward (set on the Linear instance)",
+        "mx_nn.convert: 1 left alone: holds more than weight and bias (amax)",
+        "mx_nn.convert: 2 left alone: holds more than weight and bias (parametrizations)",
+        "mx_nn.convert: 0 of 3 linears converted to MX (mxfp8); 3 left alone (see above)",
+    ]
+
+
+def test_filter_fn_and_the_summary_count_each_linear_once(caplog):
+    shared = nn.Linear(64, 64)
+    model = nn.Sequential(shared, nn.ReLU(), shared, nn.Linear(64, 32), nn.Linear(64, 64))
+    with caplog.at_level(logging.INFO, logger="mx_nn"):
+        mx_nn.convert(model, "mxfp8_floor", filter_fn=lambda module, fqn: fqn != "4")
+    assert _messages(caplog) == [
+        "mx_nn.convert: 4 left alone: filter_fn",
+        "mx_nn.convert: 2 of 3 linears converted to MX (mxfp8_floor); 1 left alone (see above)",
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mx_nn"):
+        mx_nn.convert(model, mx_nn.MXLinearConfig.from_recipe("mxfp8_floor"))
+    # A config object equal to a recipe's is named by the recipe.
+    assert _messages(caplog) == [
+        "mx_nn.convert: 3 of 3 linears converted to MX (mxfp8_floor), 2 of them before this "
+        "call; 0 left alone",
+    ]
+
+
+def test_a_config_of_no_recipe_is_named_by_the_nearest_recipe_and_its_changes(caplog):
+    config = mx_nn.MXLinearConfig(weight_fmt="fp4_e2m1", hp_weight_grad=True)
+    with caplog.at_level(logging.INFO, logger="mx_nn"):
+        mx_nn.convert(nn.Linear(64, 64), config)
+    assert _messages(caplog) == [
+        "mx_nn.convert: 1 of 1 linears converted to MX (mxfp8_hp_wgrad, weight_fmt='fp4_e2m1'); "
+        "0 left alone",
+    ]
+
+
+def test_a_refused_call_logs_nothing(caplog):
+    model = mx_nn.convert(_model(), "mxfp8")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mx_nn"), pytest.raises(ValueError):
+        mx_nn.convert(model, "mxfp4")
+    assert _messages(caplog) == []
+
+
+def test_convertible_says_what_convert_would_swap():
+    config = mx_nn.MXLinearConfig()
+    assert convertible(nn.Linear(64, 64), config) and convertible(_Plain(64, 32), config)
+    assert not convertible(_Doubled(64, 64), config)
+    assert not convertible(nn.Linear(64, 10), config)
+    assert not convertible(MXLinear(64, 64), config) and not convertible(nn.ReLU(), config)

@@ -1,8 +1,15 @@
-"""``convert``: swap a model's ``nn.Linear`` layers for :class:`MXLinear` in place."""
+"""``convert``: swap a model's linear layers for :class:`MXLinear` in place.
+
+A linear is converted when it is an ``nn.Linear`` (a subclass too) that computes
+``x @ W^T + b`` with nn.Linear's own forward, and holds only ``weight`` and ``bias``;
+every other linear is left alone and named, with the reason, in one INFO line on the
+``mx_nn`` logger, then one line sums up what the call did.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import reprlib
 from collections.abc import Callable
@@ -13,11 +20,12 @@ from torch.distributed.tensor import DTensor
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.linear import MXLinear, share_input_casts
 
-__all__ = ["convert"]
+__all__ = ["convert", "convertible"]
 
 logger = logging.getLogger("mx_nn")
 
 _SHOWN = 8  # layers a message names before it only counts the rest
+_LINEAR_STATE = {"weight", "bias"}  # nn.Linear's parameters, all that an MXLinear keeps
 
 
 def _config(recipe_or_config: str | MXRecipe | MXLinearConfig) -> MXLinearConfig:
@@ -31,21 +39,109 @@ def _config(recipe_or_config: str | MXRecipe | MXLinearConfig) -> MXLinearConfig
     return MXLinearConfig.from_recipe(recipe_or_config)
 
 
+def _not_plain(module: nn.Linear) -> str | None:
+    """Why ``module``'s type or state keeps it from becoming an MXLinear, or None."""
+    cls = type(module)
+    if cls.forward is not nn.Linear.forward:
+        # Its forward may do more than x @ W^T + b, which is all an MXLinear does.
+        return f"overrides forward ({cls.__qualname__})"
+    if "forward" in module.__dict__:  # set on the instance (wrapping frameworks do)
+        return f"overrides forward (set on the {cls.__qualname__} instance)"
+    extra = [
+        *(n for n in module._parameters if n not in _LINEAR_STATE),
+        *module._buffers,
+        *module._modules,
+    ]
+    if extra:
+        # The MXLinear would drop them from the model and its state_dict.
+        return f"holds more than weight and bias ({', '.join(extra)})"
+    return None
+
+
+def _not_convertible(module: nn.Linear, config: MXLinearConfig) -> str | None:
+    why = _not_plain(module)
+    if why is not None:
+        return why
+    bs = config.block_size
+    if module.in_features % bs or module.out_features % bs:
+        return (
+            f"features not multiples of the block size (in_features={module.in_features}, "
+            f"out_features={module.out_features}, block size {bs})"
+        )
+    return None
+
+
+def convertible(module: nn.Module, config: MXLinearConfig) -> bool:
+    """Whether :func:`convert` with ``config`` would swap ``module`` for an MXLinear
+    (``filter_fn`` aside): an ``nn.Linear`` or subclass, not an MXLinear already, with
+    nn.Linear's forward, only ``weight`` and ``bias`` as state, and in/out features
+    multiples of ``config.block_size``.
+
+    Args:
+        module: any module.
+        config: the config a conversion would use.
+
+    Returns:
+        True when convert would swap it.
+    """
+    if not isinstance(module, nn.Linear) or isinstance(module, MXLinear):
+        return False
+    return _not_convertible(module, config) is None
+
+
+def _shown(value: object) -> str:
+    """A config field's value as the config's repr shows it (an enum by its value)."""
+    return repr(value.value if isinstance(value, enum.Enum) else value)
+
+
+def _short_name(recipe_or_config: str | MXRecipe | MXLinearConfig, config: MXLinearConfig) -> str:
+    """The recipe's name, or the nearest recipe's and the fields that differ from it."""
+    if not isinstance(recipe_or_config, MXLinearConfig):
+        return MXRecipe(recipe_or_config).value
+    best: tuple[str, list[str]] | None = None
+    for recipe in MXRecipe:
+        preset = MXLinearConfig.from_recipe(recipe)
+        differ = [
+            f"{f.name}={_shown(getattr(config, f.name))}"
+            for f in dataclasses.fields(config)
+            if getattr(config, f.name) != getattr(preset, f.name)
+        ]
+        if best is None or len(differ) < len(best[1]):
+            best = (recipe.value, differ)
+    assert best is not None
+    return ", ".join([best[0], *best[1]])
+
+
 def convert(
     model: nn.Module,
     recipe_or_config: str | MXRecipe | MXLinearConfig = "mxfp8",
     *,
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
 ) -> nn.Module:
-    """Replace every ``nn.Linear`` (exactly that type) in ``model`` by an ``MXLinear``
-    sharing its Parameter objects, so state_dict keys and dtypes stay the same.
+    """Replace the linear layers of ``model`` by ``MXLinear`` layers sharing their
+    Parameter objects, so state_dict keys and dtypes stay the same.
 
-    Layers whose in/out features are not multiples of the block size are kept, and
-    logged by name at INFO on the ``mx_nn`` logger. ``filter_fn(module, fqn)`` returning
-    False keeps a layer as it is (it is asked of the MXLinear layers too). Every check
-    runs before the first layer is swapped: a refused call leaves ``model`` as it was.
-    Every module with two or more MXLinear children then gets a cast scope, in which the
-    children reading one input share its casts (:func:`mx_nn.share_input_casts`).
+    Converted: every ``nn.Linear``, a subclass too, that runs nn.Linear's own forward
+    (``type(m).forward is nn.Linear.forward``, none set on the instance) and holds no
+    parameters, buffers or submodules besides ``weight`` and ``bias``. A subclass
+    becomes a plain MXLinear: its other attributes and methods are not carried over.
+    torchtitan's ``Linear`` loses its ``_param_init``, and its ``init_states`` walk
+    reaches only torchtitan's own module types: initialise the weights (``init_states``)
+    before convert; converted layers keep the values they have.
+
+    Left alone, each named with its reason in one INFO line on the ``mx_nn`` logger:
+    a linear that overrides forward (``overrides forward (<class>)``; its forward may do
+    more than ``x @ W^T + b``), holds more than weight and bias, has in/out features
+    that are not multiples of the block size, or for which ``filter_fn(module, fqn)``
+    returns False (``filter_fn``; it is asked of the MXLinear layers of another config
+    too). Then one INFO line, ``mx_nn.convert: N of M linears converted to MX
+    (<recipe>); K left alone``, N counting the layers that are MXLinear with this config
+    afterwards (those converted before included, and said so).
+
+    Every check runs before the first layer is swapped: a refused call leaves ``model``
+    as it was and logs nothing. Every module with two or more MXLinear children then
+    gets a cast scope, in which the children reading one input share its casts
+    (:func:`mx_nn.share_input_casts`).
 
     Converting again: an MXLinear whose config equals the requested one stays as it is
     (converting twice with one config changes nothing). One with another config is
@@ -59,7 +155,7 @@ def convert(
         filter_fn: ``(module, fqn) -> bool``; None converts every layer it can.
 
     Returns:
-        ``model``, or the new module when ``model`` itself is an ``nn.Linear``.
+        ``model``, or the new module when ``model`` itself is a linear it converts.
 
     Raises:
         TypeError: ``model`` not an ``nn.Module``, ``recipe_or_config`` of another type,
@@ -100,37 +196,84 @@ def convert(
     # made first and set into the model only after every layer passed its checks.
     swaps: list[tuple[nn.Module | None, str, nn.Module]] = []
     made: dict[int, MXLinear] = {}  # one MXLinear per linear, however often it is reached
+    originals: dict[int, nn.Linear] = {}  # the linears made into MXLinear, by id
     conflicts: dict[MXLinearConfig, list[str]] = {}
+    linears: set[int] = set()
+    mx: set[int] = set()  # MXLinear with this config afterwards
+    alone: list[tuple[int, str, str]] = []  # (id, fqn, why), logged once all checks pass
     for fqn, parent, name, module in _layers(model):
+        if not isinstance(module, nn.Linear):
+            continue
+        linears.add(id(module))
         if isinstance(module, MXLinear):
-            if module.config != config and not keep(module, fqn):
+            if module.config == config:
+                mx.add(id(module))
+            elif keep(module, fqn):
+                alone.append((id(module), fqn, "filter_fn"))
+            else:
                 conflicts.setdefault(module.config, []).append(fqn or "<root>")
             continue
-        if type(module) is not nn.Linear or keep(module, fqn):
-            continue
-        bs = config.block_size
-        if module.in_features % bs or module.out_features % bs:
-            logger.info(
-                "mx_nn.convert: kept %s as nn.Linear (in_features=%d, out_features=%d are "
-                "not multiples of block_size=%d)",
-                fqn or "<root>",
-                module.in_features,
-                module.out_features,
-                bs,
-            )
+        why = _not_plain(module)
+        if why is None and keep(module, fqn):
+            why = "filter_fn"
+        if why is None:
+            why = _not_convertible(module, config)
+        if why is not None:
+            alone.append((id(module), fqn, why))
             continue
         if id(module) not in made:
             _check_swappable(module, fqn)
             made[id(module)] = MXLinear.from_linear(module, config, fqn=fqn or None)
+            originals[id(module)] = module
+        mx.add(id(module))
         swaps.append((parent, name, made[id(module)]))
     if conflicts:
         raise ValueError(_conflict_message(conflicts, config))
+    made_from = [type(m) for m in originals.values()]
+    _log(alone, len(linears), mx, made_from, _short_name(recipe_or_config, config))
     for parent, name, new in swaps:
         if parent is None:
             return new
         setattr(parent, name, new)
     share_input_casts(model)
     return model
+
+
+def _log(
+    alone: list[tuple[int, str, str]],
+    n_linears: int,
+    mx: set[int],
+    made_from: list[type],
+    recipe: str,
+) -> None:
+    """The INFO lines of one conversion: each linear left alone (``alone``: id, fqn,
+    reason), the subclasses made plain (``made_from``: the type of each linear swapped),
+    the counts (``mx``: ids of the linears that are MXLinear with the config after it)."""
+    left = {key for key, _, _ in alone if key not in mx}
+    for _, fqn, why in alone:
+        logger.info("mx_nn.convert: %s left alone: %s", fqn or "<root>", why)
+    subclasses: dict[type, int] = {}
+    for cls in made_from:
+        if cls is not nn.Linear:
+            subclasses[cls] = subclasses.get(cls, 0) + 1
+    for cls, n in subclasses.items():
+        logger.info(
+            "mx_nn.convert: %d %s.%s layer(s) became plain MXLinear, without that class's other "
+            "attributes and methods (initialise weights before convert)",
+            n,
+            cls.__module__,
+            cls.__qualname__,
+        )
+    already = len(mx) - len(made_from)
+    logger.info(
+        "mx_nn.convert: %d of %d linears converted to MX (%s)%s; %d left alone%s",
+        len(mx),
+        n_linears,
+        recipe,
+        f", {already} of them before this call" if already else "",
+        len(left),
+        " (see above)" if left else "",
+    )
 
 
 def _layers(model: nn.Module):
@@ -178,7 +321,8 @@ def _conflict_message(conflicts: dict[MXLinearConfig, list[str]], config: MXLine
         shown = ", ".join(repr(f) for f in fqns[:_SHOWN])
         more = f" and {len(fqns) - _SHOWN} more" if len(fqns) > _SHOWN else ""
         differ = [
-            f"{f.name}={getattr(existing, f.name)!r} (requested {getattr(config, f.name)!r})"
+            f"{f.name}={_shown(getattr(existing, f.name))} "
+            f"(requested {_shown(getattr(config, f.name))})"
             for f in dataclasses.fields(config)
             if getattr(existing, f.name) != getattr(config, f.name)
         ]
