@@ -14,6 +14,7 @@ import logging
 
 import torch
 
+from mx_core import CastBackend, MatmulBackend
 from mx_kernels.settings import triton_interpret
 
 __all__ = [
@@ -33,11 +34,13 @@ __all__ = [
 
 logger = logging.getLogger("mx_kernels")
 
-BACKENDS: tuple[str, ...] = ("auto", "triton", "reference")
-"""Backends of the cast ops (the matmul has its own list)."""
+BACKENDS: tuple[str, ...] = CastBackend.choices()
+"""Backends of the cast ops, ``("auto", "triton", "reference")`` (the matmul has its own
+list)."""
 
-MATMUL_BACKENDS: tuple[str, ...] = ("auto", "emulated", "cublas", "triton")
-"""Backends of :func:`mx_kernels.scaled_mm` (see :func:`resolve_matmul_backend`)."""
+MATMUL_BACKENDS: tuple[str, ...] = MatmulBackend.choices()
+"""Backends of :func:`mx_kernels.scaled_mm`, ``("auto", "emulated", "cublas", "triton")``
+(see :func:`resolve_matmul_backend`)."""
 
 
 def interpreter_enabled() -> bool:

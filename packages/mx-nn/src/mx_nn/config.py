@@ -23,20 +23,31 @@ exactly where ``scaled_mm`` would run that design (sm90), else ``"mx"``.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import warnings
 from dataclasses import dataclass
 
 import torch
 
-from mx_core import get_format, get_scale_mode
-from mx_kernels.backend import BACKENDS, MATMUL_BACKENDS
+from mx_core import (
+    CastBackend,
+    CastSettings,
+    ComputePath,
+    ElementFormatName,
+    MatmulBackend,
+    ScaleMode,
+)
+from mx_core.choices import Choice
 
 __all__ = ["COMPUTE_PATHS", "MXLinearConfig", "MXRecipe"]
 
-COMPUTE_PATHS: tuple[str, ...] = ("auto", "mx", "fake_quant")
-_MODE_NAMES: dict = {}  # scale_mode as given (validated) -> canonical name
+COMPUTE_PATHS: tuple[str, ...] = ComputePath.choices()
 """Values of :attr:`MXLinearConfig.compute_path` (see the module doc)."""
+
+# Scale mode member -> its value: asked several times per layer call, and a dict lookup
+# costs ~15 ns where the enum's ``.value`` costs ~115 ns.
+_MODE_NAMES: dict[ScaleMode, str] = {m: m.value for m in ScaleMode}
 
 
 class MXRecipe(str, enum.Enum):
@@ -56,23 +67,35 @@ class MXRecipe(str, enum.Enum):
     MXFP4 = "mxfp4"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class MXLinearConfig:
-    """How an :class:`mx_nn.MXLinear` casts and multiplies (GEMM table in the module doc)."""
+    """How an :class:`mx_nn.MXLinear` casts and multiplies (GEMM table in the module doc).
 
-    input_fmt: str = "fp8_e4m3"
+    The named choices may be given as their strings (or ``mx_core.choices`` members;
+    a format also as an mx-core ``ElementFormat``); they are stored as enum members,
+    which are ``str`` and compare equal to the strings: ``config.input_fmt == "fp8_e4m3"``.
+
+    Raises:
+        TypeError: a choice that is not a string, ``block_size`` not an int, or a flag
+            not a bool.
+        ValueError: an unknown choice (the message names the field, the value and the
+            allowed values), ``block_size`` not a positive multiple of 2, or
+            ``compute_path="fake_quant"`` with ``save_mx_activations=True``.
+    """
+
+    input_fmt: ElementFormatName = ElementFormatName.FP8_E4M3
     """Element format of the input X (Y and dW GEMMs)."""
-    weight_fmt: str = "fp8_e4m3"
+    weight_fmt: ElementFormatName = ElementFormatName.FP8_E4M3
     """Element format of the weight W (Y and dX GEMMs)."""
-    grad_output_fmt: str = "fp8_e4m3"
+    grad_output_fmt: ElementFormatName = ElementFormatName.FP8_E4M3
     """Element format of the output gradient dY (dX and dW GEMMs)."""
     block_size: int = 32
     """Elements per E8M0 scale."""
-    scale_mode: str = "rceil"
+    scale_mode: ScaleMode = ScaleMode.RCEIL
     """``"floor"``, ``"ceil"``, ``"even"`` or ``"rceil"`` (mx_core.ScaleMode)."""
-    gemm_backend: str = "auto"
+    gemm_backend: MatmulBackend = MatmulBackend.AUTO
     """``mx_kernels.scaled_mm`` backend: auto, cublas, triton or emulated."""
-    cast_backend: str = "auto"
+    cast_backend: CastBackend = CastBackend.AUTO
     """Cast backend: auto, triton or reference."""
     hp_weight_grad: bool = False
     """Compute dW = dY^T X in the high-precision dtype instead of MX."""
@@ -81,7 +104,7 @@ class MXLinearConfig:
     backward: runs the MX path where "auto" would run the fused one (which keeps
     bf16 values). The MX path keeps that cast in every case where it computes the MX dW
     GEMM."""
-    compute_path: str = "auto"
+    compute_path: ComputePath = ComputePath.AUTO
     """``"auto"``, ``"mx"`` or ``"fake_quant"`` (module doc). ``"fake_quant"`` runs the
     fused path on any device, CPU included (how CPU tests cover it); it takes no fp16
     input, whose fake-quantized values can leave fp16's range."""
@@ -92,28 +115,16 @@ class MXLinearConfig:
     gradient-accumulation step in ``with mx_nn.keep_weight_casts():`` instead."""
 
     def __post_init__(self) -> None:
-        for name in ("input_fmt", "weight_fmt", "grad_output_fmt"):
-            get_format(getattr(self, name), arg=name)
-        get_scale_mode(self.scale_mode)
+        # Normalising only: each choice keeps the value it was given, as its enum member.
+        for name, choice in _CHOICES.items():
+            object.__setattr__(self, name, choice.parse(getattr(self, name), arg=name))
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
             raise TypeError(f"block_size must be an int, got {type(self.block_size).__name__}")
         if self.block_size <= 0 or self.block_size % 2:
             raise ValueError(f"block_size={self.block_size} must be a positive multiple of 2")
-        if self.gemm_backend not in MATMUL_BACKENDS:
-            raise ValueError(
-                f"gemm_backend={self.gemm_backend!r} is not one of {', '.join(MATMUL_BACKENDS)}"
-            )
-        if self.cast_backend not in BACKENDS:
-            raise ValueError(
-                f"cast_backend={self.cast_backend!r} is not one of {', '.join(BACKENDS)}"
-            )
         for name in ("hp_weight_grad", "save_mx_activations", "reuse_weight_casts"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.compute_path not in COMPUTE_PATHS:
-            raise ValueError(
-                f"compute_path={self.compute_path!r} is not one of {', '.join(COMPUTE_PATHS)}"
-            )
         if self.reuse_weight_casts:
             warnings.warn(
                 "MXLinearConfig(reuse_weight_casts=True) has no effect: wrap the "
@@ -127,16 +138,42 @@ class MXLinearConfig:
                 "cannot apply; use compute_path='mx' or 'auto'"
             )
 
+    def __repr__(self) -> str:
+        # The fields' plain values, as the dataclass repr showed them when they were strings.
+        fields = ", ".join(
+            f"{f.name}={_plain(getattr(self, f.name))!r}" for f in dataclasses.fields(self)
+        )
+        return f"MXLinearConfig({fields})"
+
     @property
     def scale_mode_name(self) -> str:
-        """The scale mode as its canonical lower-case name."""
+        """The scale mode as a plain ``str``, e.g. ``"rceil"``."""
         if torch.compiler.is_compiling():
-            return get_scale_mode(self.scale_mode).value
-        # Asked several times per layer call: a dict lookup instead of an enum's lookup.
-        name = _MODE_NAMES.get(self.scale_mode)
-        if name is None:
-            name = _MODE_NAMES[self.scale_mode] = get_scale_mode(self.scale_mode).value
-        return name
+            return self.scale_mode.value
+        return _MODE_NAMES[self.scale_mode]
+
+    def _cast(self, fmt: ElementFormatName) -> CastSettings:
+        return CastSettings(
+            fmt=fmt, block_size=self.block_size, scale_mode=self.scale_mode,
+            backend=self.cast_backend,
+        )  # fmt: skip
+
+    @property
+    def input_cast(self) -> CastSettings:
+        """The casts of the input X: ``input_fmt`` with the shared block size, scale mode
+        and ``cast_backend`` (a new value on each access)."""
+        return self._cast(self.input_fmt)
+
+    @property
+    def weight_cast(self) -> CastSettings:
+        """The casts of the weight W: ``weight_fmt`` with the shared settings."""
+        return self._cast(self.weight_fmt)
+
+    @property
+    def grad_output_cast(self) -> CastSettings:
+        """The casts of the output gradient dY: ``grad_output_fmt`` with the shared
+        settings."""
+        return self._cast(self.grad_output_fmt)
 
     @property
     def needs_colwise_input(self) -> bool:
@@ -157,6 +194,22 @@ class MXLinearConfig:
             raise ValueError(f"recipe={recipe!r} is not a recipe; allowed: {names}") from None
         fields = _RECIPES[r]
         return cls(**{**fields, **overrides})
+
+
+_CHOICES: dict[str, type[Choice]] = {
+    "input_fmt": ElementFormatName,
+    "weight_fmt": ElementFormatName,
+    "grad_output_fmt": ElementFormatName,
+    "scale_mode": ScaleMode,
+    "gemm_backend": MatmulBackend,
+    "cast_backend": CastBackend,
+    "compute_path": ComputePath,
+}
+"""The fields that hold a named choice, and the enum each is parsed with."""
+
+
+def _plain(value: object) -> object:
+    return value.value if isinstance(value, Choice) else value
 
 
 _RECIPES: dict[MXRecipe, dict] = {

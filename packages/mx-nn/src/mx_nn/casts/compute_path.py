@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 import torch
 
+from mx_core import ComputePath
+from mx_core.choices import Choice
 from mx_kernels.matmul import bf16_gemm_design
 from mx_nn.config import MXLinearConfig
 
@@ -31,16 +33,20 @@ def cast_kwargs(c: MXLinearConfig) -> dict:
     """The casts' keyword arguments of config ``c``; made once per config object in
     eager code (callers only unpack it), since a layer call asks for them several times."""
     if torch.compiler.is_compiling():
-        return {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
-                "backend": c.cast_backend}  # fmt: skip
+        return _cast_kwargs_of(c)
     hit = _KWARGS.get(id(c))
     if hit is None or hit[0] is not c:  # the config kept in the entry: ids can be reused
         if len(_KWARGS) >= 4096:
             _KWARGS.clear()
-        kwargs = {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
-                  "backend": c.cast_backend}  # fmt: skip
-        hit = _KWARGS[id(c)] = (c, kwargs)
+        hit = _KWARGS[id(c)] = (c, _cast_kwargs_of(c))
     return hit[1]
+
+
+def _cast_kwargs_of(c: MXLinearConfig) -> dict:
+    # Plain values, as ``CastSettings.as_kwargs()`` gives them (the three casts share
+    # all but fmt); no CastSettings is built, since torch.compile traces this.
+    return {"block_size": c.block_size, "scale_mode": c.scale_mode_name,
+            "backend": c.cast_backend.value}  # fmt: skip
 
 
 _KWARGS: dict[int, tuple[MXLinearConfig, dict]] = {}
@@ -58,8 +64,7 @@ def fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype)
     arbitrary frozen dataclass instances").
     """
     if torch.compiler.is_compiling():
-        fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
-        return _fake_quant_path_of(device.type, device.index, fields, dtype)
+        return _fake_quant_path_of(device.type, device.index, _fields(c), dtype)
     # Eager: asked on every call, and resolving three GEMM backends costs tens of us of
     # host time; the answer depends on the config (keyed by the object: it is frozen, and
     # the entry keeps it, so its id is not reused), the device and the dtype, and on the
@@ -71,8 +76,7 @@ def fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype)
     if hit is None or hit[0] is not c:
         if len(_PATHS) >= 4096:
             _PATHS.clear()
-        fields = tuple(getattr(c, f) for f in _CONFIG_FIELDS)
-        hit = _PATHS[key] = (c, *_decide(device.type, device.index, fields, dtype))
+        hit = _PATHS[key] = (c, *_decide(device.type, device.index, _fields(c), dtype))
     if hit[2] not in _LOGGED:
         _log_path(hit[2])
     return hit[1]
@@ -86,6 +90,12 @@ def clear_decisions() -> None:
 _CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
                   "hp_weight_grad", "save_mx_activations", "compute_path")  # fmt: skip
 _PATHS: dict[tuple, tuple[MXLinearConfig, bool, tuple[str, str, str]]] = {}
+
+
+def _fields(c: MXLinearConfig) -> tuple:
+    # The choices (enum members) as plain strings: what the decision and its log see.
+    values = (getattr(c, f) for f in _CONFIG_FIELDS)
+    return tuple(v.value if isinstance(v, Choice) else v for v in values)
 
 
 @torch.compiler.assume_constant_result
@@ -103,8 +113,9 @@ def _decide(
     """(whether to run the fused path, what to log of it)."""
     c = SimpleNamespace(**dict(zip(_CONFIG_FIELDS, fields, strict=True)))
     device = torch.device(device_type, device_index)
-    if c.compute_path != "auto":
-        fused, why = c.compute_path == "fake_quant", f" (compute_path={c.compute_path!r})"
+    if c.compute_path != ComputePath.AUTO:
+        fused = c.compute_path == ComputePath.FAKE_QUANT
+        why = f" (compute_path={c.compute_path!r})"
     elif c.save_mx_activations or c.block_size != GEMM_BLOCK or dtype == torch.float16:
         fused, why = False, ""
     else:

@@ -50,14 +50,15 @@ def prime_linear_inputs(gathered: GatheredCast) -> None:
     MXLinear casts the local tensor of its (Replicate) DTensor input
     (:mod:`mx_nn.dtensor.local_shards`), so the keys and casts primed are local tensors too."""
     x = _local(gathered.decoded)
-    kwargs = {"block_size": gathered.block_size, "scale_mode": gathered.scale_mode,
-              "backend": gathered.backend}  # fmt: skip
+    # Plain strings and an int, as MXLinear's own call passes them (mx_nn.casts.compute_path).
+    kwargs = gathered.cast.as_kwargs()
+    fmt = kwargs.pop("fmt")
     with torch.no_grad():  # views for the cache's keys, outside the autograd graph
         x2 = x.reshape(-1, x.shape[-1])  # MXLinear's [M, K] view of its input
         cast = tuple(_local(t).reshape(-1, t.shape[-1]) for t in (gathered.qdata, gathered.scale))
     # Looked up at each call, as MXLinear does: the cast function is part of the key.
     for fn, out in ((mx_kernels.fake_quantize_rowwise, x2), (mx_kernels.quantize_rowwise, cast)):
-        prime_cast(fn.__name__, fn, x2, out, gathered.fmt, **kwargs)
+        prime_cast(fn.__name__, fn, x2, out, fmt, **kwargs)
 
 
 def enable_gather_handover() -> None:
