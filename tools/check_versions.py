@@ -66,7 +66,8 @@ def check(base: str, root: Path = ROOT) -> list[str]:
         if log in changed:
             diff = _git(root, "diff", "--unified=0", merge_base, "HEAD", "--", log)
             added = "\n".join(
-                line[1:] for line in diff.splitlines()
+                line[1:]
+                for line in diff.splitlines()
                 if line.startswith("+") and not line.startswith("+++")
             )
         if src and not re.search(r"^- \S", added, re.M):
@@ -79,8 +80,9 @@ def check(base: str, root: Path = ROOT) -> list[str]:
                 problems.append(f"{name}: __version__ went {old.group(1)} -> {new.group(1)}")
             changelog = (root / log).read_text() if (root / log).exists() else ""
             if not re.search(rf"^## {re.escape(new.group(1))}\b", changelog, re.M):
-                problems.append(f"{name}: version {new.group(1)} has no '## {new.group(1)}' "
-                                f"heading in {log}")
+                problems.append(
+                    f"{name}: version {new.group(1)} has no '## {new.group(1)}' heading in {log}"
+                )
     return problems
 
 

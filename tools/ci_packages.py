@@ -196,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     changed = changed_files(args.base)
     run = set(deps) if changed is None else affected(changed, deps)
     why = "no usable base: every package" if changed is None else f"{len(changed)} files changed"
-    print(f"{why}; runs: {' '.join(p for p in install_order(deps) if p in run) or 'none'}",
-          file=sys.stderr)
+    print(
+        f"{why}; runs: {' '.join(p for p in install_order(deps) if p in run) or 'none'}",
+        file=sys.stderr,
+    )
     for name in install_order(deps):
         print(f"{name}={'true' if name in run else 'false'}")
     return 0

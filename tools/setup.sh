@@ -15,4 +15,5 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$
   -e "$root/packages/mx-dtensor[test]" \
   -e "$root/packages/mx-nn[test,train]" \
   "ruff>=0.6"
+bash "$root/tools/install-torchtitan.sh" "$venv/bin/python"
 echo "environment ready: $venv"

@@ -27,6 +27,7 @@ for pkg in mx-core mx-kernels mx-dtensor mx-nn; do
   args=()
   for dep in ${deps[$pkg]}; do args+=("./packages/$dep"); done
   "$venv/bin/python" -m pip install --quiet -c constraints/cpu.txt "${args[@]}" "./packages/$pkg[test]"
+  if [[ $pkg == mx-nn ]]; then bash tools/install-torchtitan.sh "$venv/bin/python"; fi
   # The tests must import the installed wheel, not the source tree.
   (cd "$root" && "$venv/bin/python" -m pytest "packages/$pkg/tests" -n auto -q "${extra[@]}")
 done

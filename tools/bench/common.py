@@ -341,17 +341,19 @@ def mx_nn_private(*, local_shards: bool = True, bf16_gemm=None) -> Iterator[Call
     """The one place that reaches into mx-nn's private names. Inside: MXLinear runs
     DTensors on their local shards (``local_shards``; False dispatches every mx op
     through DTensor and its sharding rules), and its bf16 GEMMs through ``bf16_gemm``
-    where given. Yields ``apply_tp(model, tp_mesh)``: mx-nn's tensor-parallel plan
-    applied as ``parallelize`` would at tp > 1 (sequence parallel, no MX comms), on any
-    mesh. Both are restored on exit."""
-    # mx-nn private: replaced by its public API (mx_nn.apply_tp, a switch for the
-    # local-shard path; the CPU GEMM stand-in of host_cost.py --step has none planned)
+    where given. Yields ``apply_tp(model, tp_mesh)``: mx-nn's plan (sequence parallel,
+    no MX comms) applied on any mesh, a 1-rank one too. Both are restored on exit."""
+    # mx-nn private: the local-shard switch, the CPU GEMM stand-in of host_cost.py
+    # --step, and the plan applied on a 1-rank mesh (mx_nn.apply_tp leaves tp=1 out,
+    # which is what these benchmarks measure against) have no public API
     import mx_nn.linear
-    from mx_nn.parallelize import _apply_tp
-    from mx_nn.plan.tp_plan import find_model_map
+    from mx_nn.plan.apply import _apply_plan
+    from mx_nn.plan.families import find_model_map
+    from mx_nn.plan.resolve import model_plan
 
     def apply_tp(model: nn.Module, tp_mesh) -> None:
-        _apply_tp(model, find_model_map(model), tp_mesh, True, False)
+        plan = model_plan(model, find_model_map(model), sequence_parallel=True, mx_comms=False)
+        _apply_plan(model, tp_mesh, plan)
 
     before = mx_nn.linear._LOCAL_SHARDS, mx_nn.linear.bf16_gemm
     mx_nn.linear._LOCAL_SHARDS = local_shards

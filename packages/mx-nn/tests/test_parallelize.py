@@ -148,7 +148,8 @@ def test_two_ranks_tp_sp_fsdp_bad_inputs_and_options():
     log = opts["log"]
     assert sum("sequence parallelism not applied (no embedding found" in m for m in log) == 1
     assert (
-        "mx_nn.parallelize: torchtitan Llama plan on 2 blocks, tp=2, sequence_parallel=False" in log
+        "mx_nn.apply_tp: torchtitan Llama (classic) plan on 2 blocks, tp=2, sequence_parallel=False"
+        in log
     )
 
 

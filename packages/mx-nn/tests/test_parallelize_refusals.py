@@ -157,7 +157,10 @@ def _refusals_worker(rank: int, world: int) -> dict:
         lambda: mx_nn.parallelize(seq, tp, plan={"0": ColwiseParallel()}, compile=True)
     )
     tied = titan_model()
-    tied.output.weight = tied.tok_embeddings.weight  # both [VOCAB, DIM]
+    # A tie the plan cannot keep (the head-embedding tie it keeps: test_real_models.py).
+    tied.get_submodule("layers.1.attention.wq").weight = tied.get_submodule(
+        "layers.0.attention.wq"
+    ).weight
     out["tied weights under tp"] = _refused(tied, again())
     converted = mx_nn.convert(titan_model(), "mxfp8")
     out["recipe other than the model's"] = _refused(converted, again("mxfp4"))
@@ -209,9 +212,11 @@ def test_refused_calls_leave_the_model_as_it_was():
         "ValueError: compile=True compiles each decoder block, but Sequential has none"
     )
     assert r["tied weights under tp"][0] == (
-        "ValueError: model ties 'tok_embeddings.weight' and 'output.weight' (one Parameter), "
-        "but tensor parallelism (tp=2) shards each module's parameters into a DTensor of its "
-        "own, which would untie them; untie them first (e.g. tie_word_embeddings=False)"
+        "ValueError: model ties 'layers.0.attention.wq.weight' and 'layers.1.attention.wq.weight' "
+        "(one Parameter), but tensor parallelism (tp=2) shards each module's parameters into a "
+        "DTensor of its own, which would untie them (only the LM head's tie to the embedding "
+        "is kept: both split along the vocabulary); untie them first (e.g. "
+        "tie_word_embeddings=False) or use tp=1"
     )
     assert (
         "layer(s) are already MXLinear with another config"

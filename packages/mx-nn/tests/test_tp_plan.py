@@ -17,7 +17,8 @@ from torch.distributed.tensor.parallel import (
 
 import mx_nn
 from mx_dtensor import MXColwiseParallel, MXRowwiseParallel, PrepareMXModuleInput
-from mx_nn.plan.tp_plan import block_plan, find_model_map, root_plan
+from mx_nn.plan.families import find_model_map
+from mx_nn.plan.resolve import model_plan
 
 sys.path.insert(0, str(Path(__file__).parent))
 from parallel_models import titan_model  # noqa: E402
@@ -29,11 +30,10 @@ def _types(plan: dict) -> dict:
 
 def _plans(model, **kw):
     model_map = find_model_map(model)
-    block = model.get_submodule(model_map.blocks[0])
-    return (
-        block_plan(block, model_map.naming, **kw),
-        root_plan(model, model_map, **kw),
-    )
+    full = model_plan(model, model_map, **kw)
+    first, inside = f"{model_map.blocks[0]}.", tuple(f"{b}." for b in model_map.blocks)
+    block = {k[len(first) :]: v for k, v in full.items() if k.startswith(first)}
+    return block, {k: v for k, v in full.items() if not k.startswith(inside)}
 
 
 def test_mx_block_gets_mx_styles_in_torchtitan_order():

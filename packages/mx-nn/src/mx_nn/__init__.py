@@ -3,7 +3,9 @@
 ``convert(model, "mxfp8")`` swaps ``nn.Linear`` layers for :class:`MXLinear`, whose
 three GEMMs run in MX (the GEMM table is in :mod:`mx_nn.config`).
 ``parallelize(model, mesh)`` converts a decoder model and applies tensor, sequence and
-FSDP2 parallelism (:mod:`mx_nn.parallelize`; the plan in :mod:`mx_nn.plan`).
+FSDP2 parallelism (:mod:`mx_nn.parallelize`): its checks, then ``convert``,
+``apply_tp``, ``apply_compile`` and ``apply_fsdp``, each public for trainers that run
+them one by one (the plan in :mod:`mx_nn.plan`).
 
 Subpackages: :mod:`mx_nn.casts` (where MXLinear gets its casts), :mod:`mx_nn.dtensor`
 (MXLinear on DTensors), :mod:`mx_nn.fsdp` (FSDP2 gathers in MX), :mod:`mx_nn.plan`
@@ -18,11 +20,12 @@ from mx_nn.convert import convert
 from mx_nn.fsdp.enable import enable_fsdp_mx_all_gather
 from mx_nn.linear import MXLinear, share_input_casts
 from mx_nn.parallelize import parallelize
+from mx_nn.plan.apply import apply_compile, apply_fsdp, apply_tp
 
 __version__ = "0.1.0"
 
 __all__ = ["MXLinear", "MXLinearConfig", "MXRecipe", "convert"]
-__all__ += ["enable_fsdp_mx_all_gather", "parallelize"]
+__all__ += ["apply_compile", "apply_fsdp", "apply_tp", "enable_fsdp_mx_all_gather", "parallelize"]
 __all__ += ["keep_weight_casts", "share_input_casts", "shared_casts"]
 
 _deprecated.install()

@@ -26,7 +26,7 @@ MOVED: dict[str, str] = {
     "mx_nn.fsdp_gathered": "mx_nn.fsdp.gathered",
     "mx_nn.fsdp_weight": "mx_nn.fsdp.weight",
     "mx_nn.parallelize_check": "mx_nn.plan.checks",
-    "mx_nn.tp_plan": "mx_nn.plan.tp_plan",
+    "mx_nn.tp_plan": "mx_nn.plan.families",
     "mx_nn.llama": "mx_nn.models.llama",
 }
 """Old module path -> new module path."""

@@ -8,44 +8,27 @@ import reprlib
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+from torch.distributed.tensor.parallel import ParallelStyle
 
-import mx_dtensor  # noqa: F401  (registers the mx ops' DTensor sharding rules)
-from mx_dtensor import PrepareMXModuleInput
-from mx_nn.casts.gathered import enable_gather_handover
-from mx_nn.casts.scopes import add_cast_scope
 from mx_nn.config import MXLinearConfig, MXRecipe
-from mx_nn.convert import convert
+from mx_nn.convert import convert, convertible
 from mx_nn.fsdp.check import check_fsdp_mx
-from mx_nn.fsdp.enable import enable_fsdp_mx_all_gather
 from mx_nn.linear import MXLinear
+from mx_nn.plan.apply import apply_compile, apply_fsdp, apply_tp
 from mx_nn.plan.checks import (
     check_flags,
     check_not_parallelized,
     check_plan_modules,
+    check_ties,
     check_tp_sizes,
-    check_untied,
     expand_plan,
     mark_parallelized,
 )
-from mx_nn.plan.tp_plan import NAMINGS, ModelMap, block_plan, find_model_map, root_plan
+from mx_nn.plan.families import ModelMap, find_model_map, unmapped_message
 
 __all__ = ["parallelize"]
 
 logger = logging.getLogger("mx_nn")
-
-# Attributes a Llama attention module may read its head counts from; each one present is
-# divided by the TP degree so the model's own attention code sees its local heads.
-# (Hugging Face's LlamaAttention infers them from the tensor shapes: it has none.)
-_HEAD_ATTRS = (
-    "n_heads",
-    "n_kv_heads",
-    "num_heads",
-    "num_key_value_heads",
-    "n_local_heads",
-    "n_local_kv_heads",
-)
 
 
 def parallelize(
@@ -109,7 +92,8 @@ def parallelize(
             feature sizes not divisible by the TP degree, MX shards not multiples of
             the block size, an ``fsdp_mx_all_gather`` it cannot apply (above), or what
             ``mx_nn.convert`` refuses (MXLinear layers of another config), or tied
-            parameters under tensor parallelism (it would untie them). All are
+            parameters under tensor parallelism other than the LM head's tie to the
+            embedding (kept: one DTensor for both). All are
             checked before the model is changed: a refused call leaves it as it was.
     """
     if not isinstance(model, nn.Module):
@@ -121,13 +105,12 @@ def parallelize(
     check_flags(sequence_parallel=sequence_parallel, mx_comms=mx_comms, mx_lm_head=mx_lm_head,
                 compile=compile, fsdp_mx_all_gather=fsdp_mx_all_gather)  # fmt: skip
     tp = tp_mesh.size() if tp_mesh is not None else 1
-    check_untied(model, tp)
     config = None if recipe is None else _config(recipe)
     if mx_lm_head and config is None:
         raise ValueError("mx_lm_head=True converts the LM head, but recipe=None converts none")
     model_map = find_model_map(model)
     if tp_mesh is not None and plan is None and model_map is None:
-        raise ValueError(_unmapped_message(model))
+        raise ValueError(unmapped_message(model))
     if plan is not None and tp_mesh is None:
         raise ValueError(
             f"plan= is a tensor-parallel plan, but mesh_dim_names={mesh.mesh_dim_names} has "
@@ -143,7 +126,8 @@ def parallelize(
         if tp > 1:
             check_plan_modules(model, explicit, tp_mesh)
     will_be_mx = _mx_linears_after_convert(model, model_map, config, mx_lm_head)
-    sp = sequence_parallel and _sequence_parallel_applies(model_map, plan)
+    if tp_mesh is not None:
+        check_ties(model, tp, model_map, plan is not None)
     if tp_mesh is not None and plan is None:
         check_tp_sizes(model, model_map, tp, will_be_mx)
     if fsdp_mx_all_gather:
@@ -162,40 +146,13 @@ def parallelize(
     if config is not None:
         head = model_map.head if model_map is not None else None
         convert(model, config, filter_fn=lambda _m, fqn: mx_lm_head or fqn != head)
-    if tp_mesh is not None and tp == 1:
-        # A plan over one rank is the identity; DTensors would only add host time per op
-        # (torchtitan leaves a degree-1 TP out as well).
-        logger.info("mx_nn.parallelize: tp=1, tensor parallelism left out (plain tensors)")
-    elif tp_mesh is not None:
-        if plan is not None:
-            _apply_plan(model, tp_mesh, explicit)
-            logger.info("mx_nn.parallelize: explicit plan, %d modules, tp=%d", len(explicit), tp)
-        else:
-            _apply_tp(model, model_map, tp_mesh, sp, mx_comms)
-    blocks = [model.get_submodule(b) for b in model_map.blocks] if model_map else []
+    if tp_mesh is not None:
+        apply_tp(model, tp_mesh, plan=plan, sequence_parallel=sequence_parallel,
+                 mx_comms=mx_comms)  # fmt: skip
     if compile:
-        for block in blocks:
-            block.compile()
+        apply_compile(model)
     if dp_mesh is not None:
-        if fsdp_mx_all_gather:
-            n = sum(enable_fsdp_mx_all_gather(block) for block in blocks)
-            rest = sum(isinstance(m, MXLinear) for m in model.modules()) - n
-            logger.info(
-                "mx_nn.parallelize: FSDP2 gathers the %d MXLinear weights of the blocks in "
-                "MX, %d MXLinear weights outside them in high precision",
-                n,
-                rest,
-            )
-        # With MX gathers, backward must gather each block again (the columnwise cast).
-        reshard = {"reshard_after_forward": True} if fsdp_mx_all_gather else {}
-        for block in blocks:
-            fully_shard(block, mesh=dp_mesh, **reshard)
-        fully_shard(model, mesh=dp_mesh)
-        logger.info(
-            "mx_nn.parallelize: fully_shard of %d blocks and the root, dp=%d",
-            len(blocks),
-            dp_mesh.size(),
-        )
+        apply_fsdp(model, dp_mesh, mx_all_gather=fsdp_mx_all_gather)
     return model
 
 
@@ -224,22 +181,6 @@ def _split_mesh(mesh: DeviceMesh) -> tuple[DeviceMesh | None, DeviceMesh | None]
     )
 
 
-def _unmapped_message(model: nn.Module) -> str:
-    linears = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
-    shown = ", ".join(linears[:24]) + (
-        f", ... ({len(linears)} in all)" if len(linears) > 24 else ""
-    )
-    expected = "; ".join(
-        f"{n.name}: blocks with {', '.join(n.linears)}, {n.attention_norm}, {n.mlp_norm}"
-        for n in NAMINGS
-    )
-    return (
-        f"parallelize cannot map {type(model).__name__}: found the linears [{shown or 'none'}]; "
-        f"expected decoder blocks of one of these namings ({expected}). Pass plan= "
-        f"(fqn pattern -> ParallelStyle) for other models."
-    )
-
-
 def _mx_linears_after_convert(
     model: nn.Module, model_map: ModelMap | None, config: MXLinearConfig | None, mx_head: bool
 ) -> dict[str, int]:
@@ -249,79 +190,6 @@ def _mx_linears_after_convert(
     for fqn, m in model.named_modules():
         if isinstance(m, MXLinear):
             out[fqn] = m.config.block_size
-        elif config is not None and type(m) is nn.Linear and (mx_head or fqn != head):
-            bs = config.block_size
-            if m.in_features % bs == 0 and m.out_features % bs == 0:
-                out[fqn] = bs
+        elif config is not None and convertible(m, config) and (mx_head or fqn != head):
+            out[fqn] = config.block_size
     return out
-
-
-def _sequence_parallel_applies(model_map: ModelMap | None, plan) -> bool:
-    why = None
-    if plan is not None:
-        why = "an explicit plan decides its own layouts"
-    elif model_map is not None and (model_map.embedding is None or model_map.norm is None):
-        missing = "embedding" if model_map.embedding is None else "final norm"
-        why = f"no {missing} found to enter/leave the sequence-sharded region"
-    if why is None:
-        return True
-    logger.info("mx_nn.parallelize: sequence parallelism not applied (%s)", why)
-    return False
-
-
-def _apply_plan(model: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> None:
-    """``parallelize_module`` with ``plan`` (keys: module paths), then a cast scope on each
-    module whose input an MX gather prepares: the gather hands its cast to the linears
-    called inside through that scope (:mod:`mx_nn.casts.gathered`)."""
-    parallelize_module(model, tp_mesh, plan)
-    if any(isinstance(style, PrepareMXModuleInput) for style in plan.values()):
-        enable_gather_handover()
-    for fqn, style in plan.items():
-        if isinstance(style, PrepareMXModuleInput):
-            add_cast_scope(model.get_submodule(fqn))
-
-
-def _apply_tp(
-    model: nn.Module, model_map: ModelMap, tp_mesh: DeviceMesh, sp: bool, mx_comms: bool
-) -> None:
-    n, tp = model_map.naming, tp_mesh.size()
-    full: dict[str, ParallelStyle] = {}
-    for b in model_map.blocks:
-        block = model.get_submodule(b)
-        styles = block_plan(block, n, sequence_parallel=sp, mx_comms=mx_comms)
-        full.update({f"{b}.{k}": v for k, v in styles.items()})
-    full.update(root_plan(model, model_map, sequence_parallel=sp, mx_comms=mx_comms))
-    _apply_plan(model, tp_mesh, full)
-    # The head counts change last: the forward reads them, the plan does not.
-    for b in model_map.blocks:
-        attn = model.get_submodule(f"{b}.{n.attention}")
-        for attr in _HEAD_ATTRS:
-            if isinstance(getattr(attn, attr, None), int) and not isinstance(
-                getattr(attn, attr), bool
-            ):
-                setattr(attn, attr, getattr(attn, attr) // tp)
-    if sp and model_map.embedding is not None:
-        emb = model.get_submodule(model_map.embedding)
-        emb.register_forward_pre_hook(_sequence_check(model_map.embedding, tp))
-    logger.info(
-        "mx_nn.parallelize: %s plan on %d blocks, tp=%d, sequence_parallel=%s",
-        n.name,
-        len(model_map.blocks),
-        tp,
-        sp,
-    )
-
-
-def _sequence_check(fqn: str, tp: int):
-    def hook(_module, args):
-        tokens = args[0]
-        seq = tokens.shape[1] if tokens.ndim >= 2 else None
-        if seq is None or seq % tp:
-            pad = -seq % tp if seq is not None else tp
-            raise ValueError(
-                f"sequence parallelism splits the input of {fqn} along dim 1 into tp={tp} "
-                f"shards: got input shape {tuple(tokens.shape)}; pad the sequence by {pad} "
-                f"tokens to a multiple of {tp}"
-            )
-
-    return hook

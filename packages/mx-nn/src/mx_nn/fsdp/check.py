@@ -7,7 +7,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from mx_nn.fsdp.weight import row_chunks
-from mx_nn.plan.tp_plan import ModelMap
+from mx_nn.plan.families import ModelMap
 
 __all__ = ["check_fsdp_mx"]
 
@@ -57,8 +57,7 @@ def check_fsdp_mx(
         )
     if why is not None:
         raise ValueError(f"fsdp_mx_all_gather=True cannot apply: {why}")
-    dp, n = dp_mesh.size(), model_map.naming
-    colwise = {f"{n.attention}.{p}" for p in n.qkv} | {f"{n.mlp}.{p}" for p in n.gate_up}
+    dp, colwise = dp_mesh.size(), set(model_map.family.colwise())
     layers = [(b, f) for b in model_map.blocks for f in mx if f.startswith(f"{b}.")]
     if not layers:
         raise ValueError(

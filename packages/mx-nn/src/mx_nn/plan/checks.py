@@ -17,14 +17,14 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from mx_dtensor import MXColwiseParallel, MXRowwiseParallel
 from mx_dtensor.styles.common import check_linear
-from mx_nn.plan.tp_plan import ModelMap, Naming
+from mx_nn.plan.families import Family, ModelMap
 
 __all__ = [
     "check_flags",
     "check_not_parallelized",
     "check_plan_modules",
     "check_tp_sizes",
-    "check_untied",
+    "check_ties",
     "expand_plan",
     "mark_parallelized",
 ]
@@ -71,26 +71,39 @@ def check_not_parallelized(model: nn.Module) -> None:
         )
 
 
-def check_untied(model: nn.Module, tp: int) -> None:
-    """Refuse parameters held under two names (tied weights, e.g. a Hugging Face model's
-    ``tie_word_embeddings``) when tensor parallelism runs: each style replaces its own
-    module's parameter by a new DTensor, so the tie would end without an error.
+def check_ties(model: nn.Module, tp: int, model_map: ModelMap | None, explicit: bool) -> bool:
+    """Allow the one tie the built-in plan keeps (the LM head's weight is the embedding's:
+    both are split along the vocabulary, ``Shard(0)``, so one DTensor serves both) and
+    refuse every other parameter held under two names when tensor parallelism runs (each
+    style would replace its module's parameter by a DTensor of its own, ending the tie
+    without an error). Returns whether the head-embedding tie is there to keep.
 
     Raises:
-        ValueError: naming the parameter's names.
+        ValueError: naming the parameter's names and how to proceed.
     """
-    if tp == 1:
-        return
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
-    tied = next((n for n in names.values() if len(n) > 1), None)
-    if tied is not None:
+    groups = [n for n in names.values() if len(n) > 1]
+    if not groups:
+        return False
+    head_tie = None
+    if model_map is not None and model_map.embedding and model_map.head:
+        head_tie = {f"{model_map.embedding}.weight", f"{model_map.head}.weight"}
+    keep = not explicit and head_tie is not None and any(set(g) == head_tie for g in groups)
+    rest = [g for g in groups if not (keep and set(g) == head_tie)]
+    if tp > 1 and rest:
+        why = (
+            "an explicit plan= cannot keep a tie" if explicit else
+            "only the LM head's tie to the embedding is kept: both split along the vocabulary"
+        )  # fmt: skip
         raise ValueError(
-            f"model ties {' and '.join(map(repr, tied))} (one Parameter), but tensor "
+            f"model ties {' and '.join(map(repr, rest[0]))} (one Parameter), but tensor "
             f"parallelism (tp={tp}) shards each module's parameters into a DTensor of its "
-            f"own, which would untie them; untie them first (e.g. tie_word_embeddings=False)"
+            f"own, which would untie them ({why}); untie them first (e.g. "
+            f"tie_word_embeddings=False) or use tp=1"
         )
+    return keep
 
 
 def check_flags(**flags: object) -> None:
@@ -163,7 +176,15 @@ def check_plan_modules(
             check_linear(type(style).__name__, module, tp_mesh, split, style.block_size)
 
 
-def _heads(attn: nn.Module, q: nn.Linear, k: nn.Linear, fqn: str) -> tuple[int, int]:
+def _heads(model: nn.Module, block: str, family: Family) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head dim) of one block's attention."""
+    fqn = f"{block}.{family.path('attention')}"
+    attn = model.get_submodule(fqn)
+    counts = [getattr(attn, a, None) for a in ("n_heads", "n_kv_heads", "head_dim")]
+    if all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in counts):
+        return counts[0], counts[1], counts[2]  # torchtitan's attention, fused or not
+    q, k = (model.get_submodule(f"{block}.{family.path(f'attention.qkv_linear.w{p}')}")
+            for p in "qk")  # fmt: skip
     head_dim = getattr(attn, "head_dim", None)
     if not isinstance(head_dim, int):
         n = next((getattr(attn, a) for a in ("n_heads", "num_heads") if hasattr(attn, a)), None)
@@ -173,33 +194,52 @@ def _heads(attn: nn.Module, q: nn.Linear, k: nn.Linear, fqn: str) -> tuple[int, 
                 f"n_heads or num_heads attribute"
             )
         head_dim = q.out_features // n
-    return q.out_features // head_dim, k.out_features // head_dim
+    return q.out_features // head_dim, k.out_features // head_dim, head_dim
+
+
+def _check_attention_children(model: nn.Module, block: str, family: Family, head_dim: int) -> None:
+    """Refuse parameters inside attention that tensor parallelism would split wrongly: a
+    norm over all heads (OLMo2's q_norm/k_norm) sees only this rank's heads."""
+    fqn = f"{block}.{family.path('attention')}"
+    attn = model.get_submodule(fqn)
+    prefix = f"{family.path('attention')}."
+    planned = {p[len(prefix) :].split(".", 1)[0] for p in family.linears() if p.startswith(prefix)}
+    for name, child in attn.named_children():
+        params = list(child.parameters())
+        if name in planned or not params:
+            continue
+        if any(t.ndim != 1 or t.numel() != head_dim for t in params):
+            shapes = [tuple(t.shape) for t in params]
+            raise ValueError(
+                f"parallelize cannot split {fqn}: its {name} ({type(child).__name__}, "
+                f"parameters {shapes}) works across heads (head_dim={head_dim}), and tensor "
+                f"parallelism gives each rank only its own heads. Per-head norms (one "
+                f"[head_dim] weight, as Qwen3's and Gemma3's q_norm) are fine; for this model "
+                f"use tp=1 (FSDP2 only) or pass plan="
+            )
 
 
 def check_tp_sizes(model: nn.Module, model_map: ModelMap, tp: int, mx: dict[str, int]) -> None:
     """Refuse head counts and split feature sizes of the built-in plan that ``tp`` does
-    not divide, and MX linears whose shards are not whole MX blocks. ``mx``: fqn ->
-    block size of every linear that will be an MXLinear.
+    not divide, MX linears whose shards are not whole MX blocks, and attention parameters
+    that work across heads. ``mx``: fqn -> block size of every linear that will be an
+    MXLinear.
 
     Raises:
         ValueError: naming the module, the sizes and ``tp``.
     """
-    n: Naming = model_map.naming
-    split = {  # fqn suffix -> which dim is split across ranks
-        **{f"{n.attention}.{p}": "out_features" for p in n.qkv},
-        f"{n.attention}.{n.out}": "in_features",
-        **{f"{n.mlp}.{p}": "out_features" for p in n.gate_up},
-        f"{n.mlp}.{n.down}": "in_features",
-    }
+    family = model_map.family
+    colwise = set(family.colwise())
+    split = {p: "out_features" if p in colwise else "in_features" for p in family.linears()}
     for b in model_map.blocks:
-        attn = model.get_submodule(f"{b}.{n.attention}")
-        q, k = (model.get_submodule(f"{b}.{n.attention}.{p}") for p in n.qkv[:2])
-        heads, kv_heads = _heads(attn, q, k, f"{b}.{n.attention}")
+        heads, kv_heads, head_dim = _heads(model, b, family)
+        attn = f"{b}.{family.path('attention')}"
         if heads % tp or kv_heads % tp:
             raise ValueError(
-                f"{b}.{n.attention} has {heads} query and {kv_heads} key/value heads: both "
+                f"{attn} has {heads} query and {kv_heads} key/value heads: both "
                 f"must be divisible by the tensor-parallel degree tp={tp}"
             )
+        _check_attention_children(model, b, family, head_dim)
         for suffix, dim in split.items():
             fqn = f"{b}.{suffix}"
             _check_split(fqn, dim, getattr(model.get_submodule(fqn), dim), tp, mx.get(fqn))

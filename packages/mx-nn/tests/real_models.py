@@ -1,0 +1,133 @@
+"""Tiny random models of the installed torchtitan and transformers, and the check that
+test_real_models.py runs on spawned gloo ranks (importable by them by name)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from parallel_models import loss_of, rel_err
+from torch import nn
+
+import mx_nn
+
+# Whole MX blocks per rank up to tp=4 (k: 4 heads x 32 = 128 rows, 32 per rank).
+VOCAB, DIM, HEADS, KV_HEADS, FFN, LAYERS = 256, 256, 8, 4, 512, 2
+BATCH, SEQ = 2, 16
+
+
+def titan_llama3(fuse_qkv: bool) -> nn.Module:
+    """torchtitan 0.3's own Llama3Model (its block, attention, qkv_linear, Linear classes).
+
+    Its language models use flex or varlen attention, which have no CPU backward; the
+    inner attention is torchtitan's own ScaledDotProductAttention (causal) instead, which
+    leaves every module the plan touches as torchtitan builds it."""
+    from torchtitan.models import llama3
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
+
+    layers = [
+        llama3.Llama3TransformerBlock.Config(
+            attention_norm=RMSNorm.Config(normalized_shape=DIM, param_init=llama3._NORM_INIT),
+            ffn_norm=RMSNorm.Config(normalized_shape=DIM, param_init=llama3._NORM_INIT),
+            attention=make_gqa_config(
+                dim=DIM, n_heads=HEADS, n_kv_heads=KV_HEADS, fuse_qkv=fuse_qkv,
+                wqkv_param_init=llama3._LINEAR_INIT, wo_param_init=llama3._depth_init(i),
+                inner_attention=ScaledDotProductAttention.Config(),
+                rope=ComplexRoPE.Config(dim=DIM // HEADS, max_seq_len=64, theta=500000),
+            ),
+            feed_forward=make_ffn_config(dim=DIM, hidden_dim=FFN,
+                                         w1_param_init=llama3._LINEAR_INIT,
+                                         w2w3_param_init=llama3._depth_init(i)),
+        )
+        for i in range(LAYERS)
+    ]  # fmt: skip
+    config = llama3.Llama3Model.Config(
+        dim=DIM, vocab_size=VOCAB, layers=layers,
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM,
+                                        param_init=llama3._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=DIM, param_init=llama3._NORM_INIT),
+        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB,
+                              param_init=llama3._output_linear_init(DIM)),
+    )  # fmt: skip
+    model = config.build()
+    model.init_weights()
+    return model
+
+
+def hf(family: str, **overrides) -> nn.Module:
+    """A tiny random Hugging Face causal LM of ``family`` with its default tying."""
+    import transformers
+
+    cls = {"gemma": "Gemma", "gemma2": "Gemma2", "qwen3": "Qwen3", "olmo2": "Olmo2",
+           "mistral": "Mistral", "llama": "Llama"}[family]  # fmt: skip
+    config = getattr(transformers, f"{cls}Config")(
+        vocab_size=VOCAB, hidden_size=DIM, intermediate_size=FFN, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS,
+        max_position_embeddings=64, **overrides,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    return getattr(transformers, f"{cls}ForCausalLM")(config)
+
+
+BUILDERS = {
+    "torchtitan Llama3 (fused wqkv)": lambda: titan_llama3(True),
+    "torchtitan Llama3 (wq, wk, wv)": lambda: titan_llama3(False),
+    "Gemma (tied)": lambda: hf("gemma"),
+    "Gemma2": lambda: hf("gemma2"),
+    "Qwen3": lambda: hf("qwen3"),
+    "OLMo2": lambda: hf("olmo2"),
+}
+
+
+def _tokens(seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+def _logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    out = model(tokens)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def _tie(model: nn.Module) -> tuple[int, bool]:
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = emb is not None and head is not None and head.weight is emb.weight
+    return len(list(model.parameters())), tied
+
+
+def check(
+    rank: int, world: int, names: list[str], recipe: str | None, shape=None, dims=None
+) -> dict:
+    """Per model: parallelize on a mesh of ``shape`` (default: tp=world) with SP;
+    logits' error against one process, the losses of two SGD steps of both, the
+    parameter count and tie before and after; or the refusal text."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", shape or (world,), mesh_dim_names=dims)
+    out = {}
+    for name in names:
+        torch.manual_seed(0)
+        ref = BUILDERS[name]()
+        before = _tie(ref)
+        try:
+            par = mx_nn.parallelize(copy.deepcopy(ref), mesh, recipe=recipe)
+        except ValueError as e:
+            out[name] = {"refused": str(e)}
+            continue
+        if recipe is not None:
+            mx_nn.convert(ref, recipe, filter_fn=lambda _m, f: f not in ("lm_head", "output"))
+        with torch.no_grad():
+            logits = rel_err(_logits(par, _tokens(0)), _logits(ref, _tokens(0)))
+        losses = {"ref": [], "par": []}
+        for key, model in (("ref", ref), ("par", par)):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(2):
+                opt.zero_grad()
+                loss = loss_of(model, _tokens(step + 1))
+                loss.backward()
+                opt.step()
+                losses[key].append(loss.item())
+        out[name] = {"logits": logits, "losses": losses, "tie": (before, _tie(par))}
+    return out
