@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mx_core import CastSettings
 
-__all__ = ["CastFields", "cast_from_args"]
+__all__ = ["CastFields", "add_cast_fields", "cast_from_args"]
 
 
 def cast_from_args(
@@ -47,28 +47,26 @@ def cast_from_args(
         raise type(e)(f"{who}: {e}") from None
 
 
+def add_cast_fields(cls: type) -> type:
+    """Give ``cls``, which holds a ``cast: CastSettings``, the four read-only attributes
+    the styles and ``GatheredCast`` had before they took one ``cast`` (``fmt``,
+    ``block_size``, ``scale_mode``, ``backend``: plain strings and an int), for one more
+    release. A class decorator, so that NamedTuples can take it too."""
+
+    def field(name: str) -> property:
+        def get(self) -> object:
+            value = getattr(self.cast, name)
+            return value if isinstance(value, int) else value.value
+
+        return property(get, doc=f"``cast.{name}`` as a plain value.")
+
+    for name in ("fmt", "block_size", "scale_mode", "backend"):
+        setattr(cls, name, field(name))
+    return cls
+
+
+@add_cast_fields
 class CastFields:
-    """The four settings of ``self.cast`` read as the plain attributes the styles had
-    before they took one ``cast`` (strings and an int), for one more release."""
+    """A mixin of the four attributes of :func:`add_cast_fields`, for the styles."""
 
     cast: CastSettings
-
-    @property
-    def fmt(self) -> str:
-        """``self.cast.fmt`` as a plain string."""
-        return self.cast.fmt.value
-
-    @property
-    def block_size(self) -> int:
-        """``self.cast.block_size``."""
-        return self.cast.block_size
-
-    @property
-    def scale_mode(self) -> str:
-        """``self.cast.scale_mode`` as a plain string."""
-        return self.cast.scale_mode.value
-
-    @property
-    def backend(self) -> str:
-        """``self.cast.backend`` as a plain string."""
-        return self.cast.backend.value

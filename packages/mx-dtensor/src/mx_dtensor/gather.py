@@ -39,7 +39,7 @@ from torch.utils.hooks import RemovableHandle
 
 import mx_kernels
 from mx_core import CastSettings
-from mx_dtensor.cast_args import cast_from_args
+from mx_dtensor.cast_args import add_cast_fields, cast_from_args
 
 __all__ = ["GatheredCast", "gather_replicated", "mx_all_gather", "register_gather_hook"]
 
@@ -117,6 +117,7 @@ def _gather_dim(x: torch.Tensor, mesh: DeviceMesh, dim: int) -> int:
     return dim
 
 
+@add_cast_fields  # fmt, block_size, scale_mode, backend: kept for one release
 class GatheredCast(NamedTuple):
     """An MX gather of the styles, as :func:`register_gather_hook`'s hooks see it."""
 
@@ -128,27 +129,6 @@ class GatheredCast(NamedTuple):
     """The gathered E8M0 scales [..., K // block_size], a local tensor."""
     cast: CastSettings
     """The settings of the cast that made ``qdata`` and ``scale``."""
-
-    # The fields before ``cast`` existed, kept for one release (plain strings and an int).
-    @property
-    def fmt(self) -> str:
-        """``cast.fmt`` as a plain string."""
-        return self.cast.fmt.value
-
-    @property
-    def block_size(self) -> int:
-        """``cast.block_size``."""
-        return self.cast.block_size
-
-    @property
-    def scale_mode(self) -> str:
-        """``cast.scale_mode`` as a plain string."""
-        return self.cast.scale_mode.value
-
-    @property
-    def backend(self) -> str:
-        """``cast.backend`` as a plain string."""
-        return self.cast.backend.value
 
 
 _HOOKS: OrderedDict[int, Callable[[GatheredCast], None]] = OrderedDict()
