@@ -131,3 +131,79 @@ def check(
                 losses[key].append(loss.item())
         out[name] = {"logits": logits, "losses": losses, "tie": (before, _tie(par))}
     return out
+
+
+# The model zoo (test_model_zoo.py): every Llama-like family of the installed transformers.
+
+
+def _snapshot(model: nn.Module) -> tuple:
+    tensors = {n: t.detach().clone() for n, t in model.state_dict(keep_vars=True).items()}
+    kinds = [(n, type(m).__name__) for n, m in model.named_modules()]
+    return tensors, kinds, [id(p) for p in model.parameters()]
+
+
+def _changes(model: nn.Module, before: tuple) -> list[str]:
+    tensors, kinds, ids = before
+    now = _snapshot(model)
+    out = []
+    for n, t in tensors.items():
+        u = now[0].get(n)
+        if u is None or type(u) is not type(t) or not torch.equal(u, t):
+            out.append(f"{n} changed")
+    if now[1] != kinds:
+        out.append("module types changed")
+    if now[2] != ids:
+        out.append("parameters replaced")
+    return out
+
+
+def refusal_changes(model_type: str, mesh) -> list[str]:
+    """What a refused ``parallelize`` left changed on a fresh tiny ``model_type`` model of
+    model_zoo.py (empty: nothing, and a second call gives the same refusal, not "already
+    ran")."""
+    import model_zoo
+
+    torch.manual_seed(0)
+    model = model_zoo.build(model_type)
+    before = _snapshot(model)
+    messages = []
+    for _ in range(2):
+        try:
+            mx_nn.parallelize(model, mesh, recipe=None)
+        except ValueError as e:
+            messages.append(str(e))
+        else:
+            return ["parallelize did not refuse on the fresh model"]
+    out = _changes(model, before)
+    if messages[1] != messages[0]:
+        out.append(f"a second call said: {messages[1][:200]}")
+    return out
+
+
+def zoo_check(rank: int, world: int, model_types: list[str]) -> dict[str, dict]:
+    """:func:`check` (recipe None, tp=world with SP) of each model type of model_zoo.py,
+    on spawned ranks; a crash is recorded as ``{"crashed": traceback}`` rather than
+    ending the run, and a refusal gets ``"changes"``: what it left changed
+    (:func:`refusal_changes`)."""
+    import functools
+    import traceback
+
+    import model_zoo
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    out = {}
+    for t in model_types:
+        name = f"zoo: {t}"
+        BUILDERS.setdefault(name, functools.partial(model_zoo.build, t))
+        try:
+            res = check(rank, world, [name], None)[name]
+        except Exception:
+            res = {"crashed": traceback.format_exc()}
+        if "refused" in res:
+            try:
+                res["changes"] = refusal_changes(t, mesh)
+            except Exception:
+                res["changes"] = [traceback.format_exc()]
+        out[t] = res
+    return out

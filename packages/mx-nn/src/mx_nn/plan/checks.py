@@ -197,25 +197,43 @@ def _heads(model: nn.Module, block: str, family: Family) -> tuple[int, int, int]
     return q.out_features // head_dim, k.out_features // head_dim, head_dim
 
 
-def _check_attention_children(model: nn.Module, block: str, family: Family, head_dim: int) -> None:
-    """Refuse parameters inside attention that tensor parallelism would split wrongly: a
-    norm over all heads (OLMo2's q_norm/k_norm) sees only this rank's heads."""
-    fqn = f"{block}.{family.path('attention')}"
-    attn = model.get_submodule(fqn)
-    prefix = f"{family.path('attention')}."
-    planned = {p[len(prefix) :].split(".", 1)[0] for p in family.linears() if p.startswith(prefix)}
-    for name, child in attn.named_children():
+def _check_inside(model: nn.Module, block: str, family: Family, key: str, head_dim: int) -> None:
+    """Refuse what tensor parallelism would split wrongly inside attention (``key``
+    "attention") or the MLP ("feed_forward"): parameters the module holds itself (per-head
+    sinks, differential attention's lambdas: the plan does not split them, while each
+    rank holds only its own heads), linears the plan does not know, and norms over more
+    than one head (OLMo2's q_norm sees only this rank's heads). Per-head norms (one
+    [head_dim] weight, Qwen3's and Gemma3's q_norm) are fine."""
+    path = family.path(key)
+    fqn = f"{block}.{path}"
+    module = model.get_submodule(fqn)
+    planned = {
+        p[len(path) + 1 :].split(".", 1)[0] for p in family.linears() if p.startswith(f"{path}.")
+    }
+    fix = "for this model use tp=1 (FSDP2 only) or pass plan="
+    own = [(n, tuple(t.shape)) for n, t in module.named_parameters(recurse=False)]
+    if own:
+        raise ValueError(
+            f"parallelize cannot split {fqn}: it holds parameters of its own ({own}) that "
+            f"the plan does not split, while tensor parallelism gives each rank only its "
+            f"own heads and features; {fix}"
+        )
+    for name, child in module.named_children():
         params = list(child.parameters())
         if name in planned or not params:
             continue
-        if any(t.ndim != 1 or t.numel() != head_dim for t in params):
-            shapes = [tuple(t.shape) for t in params]
+        what = f"its {name} ({type(child).__name__}, parameters {[tuple(t.shape) for t in params]})"
+        if any(isinstance(m, nn.Linear) for m in child.modules()):
             raise ValueError(
-                f"parallelize cannot split {fqn}: its {name} ({type(child).__name__}, "
-                f"parameters {shapes}) works across heads (head_dim={head_dim}), and tensor "
-                f"parallelism gives each rank only its own heads. Per-head norms (one "
-                f"[head_dim] weight, as Qwen3's and Gemma3's q_norm) are fine; for this model "
-                f"use tp=1 (FSDP2 only) or pass plan="
+                f"parallelize cannot split {fqn}: {what} is a linear the plan does not "
+                f"know (it plans {sorted(planned)}); {fix}"
+            )
+        if key != "attention" or any(t.ndim != 1 or t.numel() != head_dim for t in params):
+            raise ValueError(
+                f"parallelize cannot split {fqn}: {what} works across heads "
+                f"(head_dim={head_dim}), and tensor parallelism gives each rank only its own "
+                f"heads. Per-head norms (one [head_dim] weight, as Qwen3's and Gemma3's "
+                f"q_norm) are fine; {fix}"
             )
 
 
@@ -239,7 +257,8 @@ def check_tp_sizes(model: nn.Module, model_map: ModelMap, tp: int, mx: dict[str,
                 f"{attn} has {heads} query and {kv_heads} key/value heads: both "
                 f"must be divisible by the tensor-parallel degree tp={tp}"
             )
-        _check_attention_children(model, b, family, head_dim)
+        for key in ("attention", "feed_forward"):
+            _check_inside(model, b, family, key, head_dim)
         for suffix, dim in split.items():
             fqn = f"{b}.{suffix}"
             _check_split(fqn, dim, getattr(model.get_submodule(fqn), dim), tp, mx.get(fqn))
