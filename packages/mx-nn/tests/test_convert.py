@@ -238,6 +238,21 @@ def test_forward_set_on_the_instance_or_extra_state_is_left_alone(caplog):
     ]
 
 
+def test_multihead_attention_out_proj_is_left_alone(caplog):
+    """nn.MultiheadAttention reads out_proj.weight and never calls out_proj: an MXLinear
+    there would be reported as MX and still compute in high precision."""
+    model = nn.Sequential(nn.MultiheadAttention(64, 4), nn.Linear(64, 64))
+    out_proj = model[0].out_proj
+    with caplog.at_level(logging.INFO, logger="mx_nn"):
+        mx_nn.convert(model)
+    assert model[0].out_proj is out_proj and isinstance(model[1], mx_nn.MXLinear)
+    assert _messages(caplog) == [
+        "mx_nn.convert: 0.out_proj left alone: never called (nn.MultiheadAttention reads "
+        "its weight directly)",
+        "mx_nn.convert: 1 of 2 linears converted to MX (mxfp8); 1 left alone (see above)",
+    ]
+
+
 def test_filter_fn_and_the_summary_count_each_linear_once(caplog):
     shared = nn.Linear(64, 64)
     model = nn.Sequential(shared, nn.ReLU(), shared, nn.Linear(64, 32), nn.Linear(64, 64))

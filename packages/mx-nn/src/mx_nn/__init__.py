@@ -13,6 +13,8 @@ Subpackages: :mod:`mx_nn.casts` (where MXLinear gets its casts), :mod:`mx_nn.dte
 trains) and :mod:`mx_nn.train` (the ``mx-train`` command).
 """
 
+import importlib
+
 from mx_nn import _deprecated
 from mx_nn.casts.scopes import keep_weight_casts, shared_casts
 from mx_nn.config import MXLinearConfig, MXRecipe
@@ -40,17 +42,11 @@ _SUBPACKAGES = ("casts", "dtensor", "fsdp", "models", "plan", "train")
 
 def __getattr__(name: str):
     if name in _MOVED_NAMES:
-        import importlib
-
         _deprecated.warn_moved(f"mx_nn.{name}", f"{_MOVED_NAMES[name]}.{name}")
         return getattr(importlib.import_module(_MOVED_NAMES[name]), name)
     if name in _SUBPACKAGES:
-        import importlib
-
         return importlib.import_module(f"mx_nn.{name}")
     old = f"mx_nn.{name}"
     if old in _deprecated.MOVED:
-        import importlib
-
         return importlib.import_module(old)  # warns through the alias finder
     raise AttributeError(f"module 'mx_nn' has no attribute {name!r}")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.linear import MXLinear, share_input_casts
@@ -47,6 +48,10 @@ def _not_plain(module: nn.Linear) -> str | None:
         return f"overrides forward ({cls.__qualname__})"
     if "forward" in module.__dict__:  # set on the instance (wrapping frameworks do)
         return f"overrides forward (set on the {cls.__qualname__} instance)"
+    if issubclass(cls, NonDynamicallyQuantizableLinear):
+        # nn.MultiheadAttention's out_proj: its parent reads .weight and never calls it,
+        # so as an MXLinear it would be counted as MX and still run in high precision.
+        return "never called (nn.MultiheadAttention reads its weight directly)"
     extra = [
         *(n for n in module._parameters if n not in _LINEAR_STATE),
         *module._buffers,
@@ -62,11 +67,15 @@ def _not_convertible(module: nn.Linear, config: MXLinearConfig) -> str | None:
     why = _not_plain(module)
     if why is not None:
         return why
-    bs = config.block_size
-    if module.in_features % bs or module.out_features % bs:
+    return block_size_reason(module.in_features, module.out_features, config.block_size)
+
+
+def block_size_reason(in_features: int, out_features: int, block_size: int) -> str | None:
+    """Why a linear of these features cannot be MX with ``block_size``, or None."""
+    if in_features % block_size or out_features % block_size:
         return (
-            f"features not multiples of the block size (in_features={module.in_features}, "
-            f"out_features={module.out_features}, block size {bs})"
+            f"features not multiples of the block size (in_features={in_features}, "
+            f"out_features={out_features}, block size {block_size})"
         )
     return None
 

@@ -1,5 +1,5 @@
 """``parallelize(model, mesh)``: MX conversion, tensor/sequence parallelism and FSDP2 for
-Llama-style models (the namings and the plan are in :mod:`mx_nn.plan.tp_plan`)."""
+Llama-style models (the plan, the families and the steps are in :mod:`mx_nn.plan`)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def parallelize(
             (codes + scales, 0.52x bf16's bytes; ``mx_dtensor.PrepareMXModuleInput`` and
             ``MXColwiseParallel``): the same forward values, dW from a second cast of
             them. False gathers in high precision. No effect at tp=1. Either way the
-            MX linears get mx-dtensor's MX styles (``mx_nn.plan.tp_plan``).
+            MX linears get mx-dtensor's MX styles (``mx_nn.plan.resolve``).
         mx_lm_head: convert the LM head too.
         compile: ``torch.compile`` each decoder block (in place, fqns unchanged).
         fsdp_mx_all_gather: FSDP2 gathers each decoder block's MXLinear weights as MX

@@ -27,7 +27,7 @@ from mx_core import CastSettings
 from mx_dtensor import MXColwiseParallel, MXRowwiseParallel, PrepareMXModuleInput
 from mx_nn.linear import MXLinear
 from mx_nn.plan.families import ModelMap
-from mx_nn.plan.llama import OPTIONAL, block_plan, root_plan
+from mx_nn.plan.llama import block_plan, root_plan
 from mx_nn.plan.titan import VocabParallelEmbedding, is_vocab_parallel_embedding
 
 __all__ = ["input_cast", "model_plan"]
@@ -92,12 +92,7 @@ def model_plan(
             path = family.path(key)
             if path is None:
                 continue
-            try:
-                module = block.get_submodule(path)
-            except AttributeError:
-                if key in OPTIONAL:
-                    continue
-                raise
+            module = block.get_submodule(path)  # there: find_model_map checked every path
             if isinstance(style, PrepareModuleInput):
                 fed = [block.get_submodule(p) for p in family.linears() if p.startswith(f"{path}.")]
                 cast = _shared_cast(fed) if mx_comms else None

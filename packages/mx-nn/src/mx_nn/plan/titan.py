@@ -64,15 +64,10 @@ class VocabParallelEmbedding(ParallelStyle):
             w = nn.Parameter(distribute_tensor(mod.weight, mesh, [Shard(0)]))
             mod.register_parameter("weight", w)
 
-        def output_fn(_mod, _inputs, out):
-            partial = DTensor.from_local(out, device_mesh, [Partial()], run_check=False)
+        def output_fn(_mod, out, mesh):  # this rank's partial sums, a plain tensor
+            partial = DTensor.from_local(out, mesh, [Partial()], run_check=False)
             reduced = partial.redistribute(placements=[self.output_layouts])
             return reduced.to_local() if self.use_local_output else reduced
 
         module.tp_group = device_mesh.get_group()
-        return distribute_module(
-            module,
-            device_mesh,
-            partition,
-            output_fn=lambda mod, out, mesh: output_fn(mod, None, out),
-        )
+        return distribute_module(module, device_mesh, partition, output_fn=output_fn)

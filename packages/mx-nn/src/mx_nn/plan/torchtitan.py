@@ -36,6 +36,7 @@ from torchtitan.models.common.linear import Linear
 from torchtitan.protocols.module import Module
 
 from mx_nn.config import MXLinearConfig
+from mx_nn.convert import block_size_reason
 from mx_nn.linear import MXLinear
 
 __all__ = ["MXStackConverter", "TitanMXLinear", "mxstack"]
@@ -87,13 +88,7 @@ def _why_not(cfg: Linear.Config, config: MXLinearConfig) -> str | None:
     """Why the linear of ``cfg`` stays as it is, or None when it becomes MX."""
     if type(cfg) is not Linear.Config:
         return f"its config is a {type(cfg).__qualname__}, not torchtitan's Linear.Config"
-    bs = config.block_size
-    if cfg.in_features % bs or cfg.out_features % bs:
-        return (
-            f"features not multiples of the block size (in_features={cfg.in_features}, "
-            f"out_features={cfg.out_features}, block size {bs})"
-        )
-    return None
+    return block_size_reason(cfg.in_features, cfg.out_features, config.block_size)
 
 
 def _mx_linear(cfg: Linear.Config, config: MXLinearConfig, fqn: str | None):
