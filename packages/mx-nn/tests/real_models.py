@@ -98,11 +98,18 @@ def _tie(model: nn.Module) -> tuple[int, bool]:
 
 
 def check(
-    rank: int, world: int, names: list[str], recipe: str | None, shape=None, dims=None
+    rank: int,
+    world: int,
+    names: list[str],
+    recipe: str | None,
+    shape=None,
+    dims=None,
+    sequence_parallel: bool = True,
 ) -> dict:
-    """Per model: parallelize on a mesh of ``shape`` (default: tp=world) with SP;
-    logits' error against one process, the losses of two SGD steps of both, the
-    parameter count and tie before and after; or the refusal text."""
+    """Per model: parallelize on a mesh of ``shape`` (default: tp=world), with SP unless
+    ``sequence_parallel`` is False; logits' error against one process, the losses of two
+    SGD steps of both, the parameter count and tie before and after; or the refusal
+    text."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", shape or (world,), mesh_dim_names=dims)
@@ -112,7 +119,9 @@ def check(
         ref = BUILDERS[name]()
         before = _tie(ref)
         try:
-            par = mx_nn.parallelize(copy.deepcopy(ref), mesh, recipe=recipe)
+            par = mx_nn.parallelize(
+                copy.deepcopy(ref), mesh, recipe=recipe, sequence_parallel=sequence_parallel
+            )
         except ValueError as e:
             out[name] = {"refused": str(e)}
             continue

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))  # the spawned ranks import these by name
-from parallel_models import DIM, titan_model  # noqa: E402
+from parallel_models import DIM, RMSNorm, titan_model  # noqa: E402
 
 import mx_nn  # noqa: E402
 from mx_dtensor.testing import spawn  # noqa: E402
@@ -162,6 +162,11 @@ def _refusals_worker(rank: int, world: int) -> dict:
         "layers.0.attention.wq"
     ).weight
     out["tied weights under tp"] = _refused(tied, again())
+    # A norm over all heads that the plan does not split (BitNet's attn_sub_norm; OLMo2's
+    # q_norm and k_norm are planned): refused under TP.
+    normed = titan_model()
+    normed.layers[0].attention.sub_norm = RMSNorm(DIM)
+    out["norm across heads"] = _refused(normed, again())
     converted = mx_nn.convert(titan_model(), "mxfp8")
     out["recipe other than the model's"] = _refused(converted, again("mxfp4"))
     return out
@@ -218,6 +223,10 @@ def test_refused_calls_leave_the_model_as_it_was():
         "is kept: both split along the vocabulary); untie them first (e.g. "
         "tie_word_embeddings=False) or use tp=1"
     )
+    assert r["norm across heads"][0].startswith(
+        "ValueError: parallelize cannot split layers.0.attention: its sub_norm (RMSNorm, "
+        "parameters [(256,)]) works across heads (head_dim=32)"
+    ), r["norm across heads"]
     assert (
         "layer(s) are already MXLinear with another config"
         in (r["recipe other than the model's"][0])

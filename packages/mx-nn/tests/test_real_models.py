@@ -1,8 +1,9 @@
 """parallelize on the model classes of the installed torchtitan and transformers (tiny
 random configs, their default tying), at tp=2 with sequence parallelism on 2 gloo ranks,
-against the same model on one process; torchtitan's Llama3 also at tp=4 and dp=2 x tp=2
-(FSDP2) on 4 ranks. Every rank feeds the whole batch (the dp ranks' gradients average
-to the one-process gradient)."""
+against the same model on one process; OLMo2 (its q_norm and k_norm over all heads) also
+without sequence parallelism; torchtitan's Llama3 also at tp=4 and dp=2 x tp=2 (FSDP2)
+on 4 ranks. Every rank feeds the whole batch (the dp ranks' gradients average to the
+one-process gradient)."""
 
 from __future__ import annotations
 
@@ -25,16 +26,12 @@ needs_titan = pytest.mark.skipif(not HAS_TITAN, reason="torchtitan not installed
                                  "(tools/install-torchtitan.sh; Python >= 3.11)")  # fmt: skip
 
 MODELS = [n for n in BUILDERS if HAS_TITAN or not n.startswith("torchtitan")]
-PLANNED = [n for n in MODELS if n != "OLMo2"]
 LOGITS = 1e-4  # relative error of the logits, high precision (fp32) at tp=2
 LOSS = 5e-3  # the documented training-loss tolerance
 
 
-@needs_dist
-@pytest.mark.parametrize("recipe", [None, "mxfp8"])
-def test_real_models_at_tp2_with_sequence_parallelism(recipe):
-    r = spawn(check, 2, MODELS, recipe)[0]
-    for name in PLANNED:
+def _assert_matches(r: dict, names: list[str]) -> None:
+    for name in names:
         res = r[name]
         assert "refused" not in res, (name, res)
         assert res["logits"] <= LOGITS, (name, res["logits"])
@@ -42,10 +39,36 @@ def test_real_models_at_tp2_with_sequence_parallelism(recipe):
             assert abs(a - b) <= LOSS * abs(b), (name, res["losses"])
         before, after = res["tie"]
         assert after == before, (name, "parameter count and tie", before, after)
+
+
+@needs_dist
+@pytest.mark.parametrize("recipe", [None, "mxfp8"])
+def test_real_models_at_tp2_with_sequence_parallelism(recipe):
+    r = spawn(check, 2, MODELS, recipe)[0]
+    _assert_matches(r, MODELS)
     assert r["Gemma (tied)"]["tie"][1][1], "Gemma's LM head stays tied to its embedding"
-    # OLMo2 normalises q and k over all heads: refused before any change, naming it.
-    refused = r["OLMo2"]["refused"]
-    assert "q_norm" in refused and "works across heads" in refused, refused
+
+
+@needs_dist
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        None,
+        pytest.param(
+            "mxfp8",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="OLMo2's attention takes the embedding's all-reduced output as it "
+                "comes (an AsyncCollectiveTensor: no norm before attention), whose "
+                "untyped_storage() mx_nn.casts.scopes reads for its cast-sharing key",
+            ),
+        ),
+    ],
+)
+def test_olmo2_at_tp2_without_sequence_parallelism(recipe):
+    # Its q_norm and k_norm sit inside attention, where the layouts are the same with
+    # and without SP: each rank's heads, reduced over all of them.
+    _assert_matches(spawn(check, 2, ["OLMo2"], recipe, None, None, False)[0], ["OLMo2"])
 
 
 TITAN = [n for n in BUILDERS if n.startswith("torchtitan")]

@@ -18,6 +18,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from mx_dtensor import MXColwiseParallel, MXRowwiseParallel
 from mx_dtensor.styles.common import check_linear
 from mx_nn.plan.families import Family, ModelMap
+from mx_nn.plan.norms import across_heads
 
 __all__ = [
     "check_flags",
@@ -202,13 +203,19 @@ def _check_inside(model: nn.Module, block: str, family: Family, key: str, head_d
     "attention") or the MLP ("feed_forward"): parameters the module holds itself (per-head
     sinks, differential attention's lambdas: the plan does not split them, while each
     rank holds only its own heads), linears the plan does not know, and norms over more
-    than one head (OLMo2's q_norm sees only this rank's heads). Per-head norms (one
-    [head_dim] weight, Qwen3's and Gemma3's q_norm) are fine."""
+    than one head that the plan does not split (BitNet's ``attn_sub_norm``). Per-head
+    norms (one [head_dim] weight, Qwen3's and Gemma3's q_norm) are fine, and so are the
+    family's planned norms over a whole projection (OLMo2's q_norm and k_norm:
+    :class:`~mx_nn.plan.norms.HeadShardedNorm`) where they are as wide as it or per head."""
     path = family.path(key)
     fqn = f"{block}.{path}"
     module = model.get_submodule(fqn)
-    planned = {
-        p[len(path) + 1 :].split(".", 1)[0] for p in family.linears() if p.startswith(f"{path}.")
+    inside = [(p[len(path) + 1 :], p) for p in family.linears() if p.startswith(f"{path}.")]
+    planned = {rel.split(".", 1)[0] for rel, _ in inside}
+    projections = {  # planned norm's name -> the projection it normalises
+        n[len(path) + 1 :]: model.get_submodule(f"{block}.{p}")
+        for n, p in family.head_norms()
+        if n.startswith(f"{path}.") and "." not in n[len(path) + 1 :]
     }
     fix = "for this model use tp=1 (FSDP2 only) or pass plan="
     own = [(n, tuple(t.shape)) for n, t in module.named_parameters(recurse=False)]
@@ -228,12 +235,19 @@ def _check_inside(model: nn.Module, block: str, family: Family, key: str, head_d
                 f"parallelize cannot split {fqn}: {what} is a linear the plan does not "
                 f"know (it plans {sorted(planned)}); {fix}"
             )
-        if key != "attention" or any(t.ndim != 1 or t.numel() != head_dim for t in params):
+        per_head = key == "attention" and all(t.ndim == 1 and t.numel() == head_dim for t in params)
+        if name in projections and (per_head or across_heads(child, projections[name])):
+            continue
+        if not per_head:
+            planned_norms = (
+                f" (it plans {sorted(projections)} only as wide as their projection's output)"
+                if projections else ""
+            )  # fmt: skip
             raise ValueError(
                 f"parallelize cannot split {fqn}: {what} works across heads "
                 f"(head_dim={head_dim}), and tensor parallelism gives each rank only its own "
-                f"heads. Per-head norms (one [head_dim] weight, as Qwen3's and Gemma3's "
-                f"q_norm) are fine; {fix}"
+                f"heads{planned_norms}. Per-head norms (one [head_dim] weight, as Qwen3's and "
+                f"Gemma3's q_norm) are fine; {fix}"
             )
 
 
@@ -247,6 +261,7 @@ def check_tp_sizes(model: nn.Module, model_map: ModelMap, tp: int, mx: dict[str,
         ValueError: naming the module, the sizes and ``tp``.
     """
     family = model_map.family
+    _check_stacks(model, model_map)
     colwise = set(family.colwise())
     split = {p: "out_features" if p in colwise else "in_features" for p in family.linears()}
     for b in model_map.blocks:
@@ -268,6 +283,30 @@ def check_tp_sizes(model: nn.Module, model_map: ModelMap, tp: int, mx: dict[str,
     if model_map.head is not None:
         head = model.get_submodule(model_map.head)
         _check_split(model_map.head, "out_features", head.out_features, tp, mx.get(model_map.head))
+
+
+def _check_stacks(model: nn.Module, model_map: ModelMap) -> None:
+    """Refuse a layer stack (``nn.ModuleList`` / ``ModuleDict``) of decoder blocks that
+    holds other layers with parameters (a hybrid model's linear-attention layers): the
+    plan would leave them unsplit, with sequence parallelism fed a residual stream split
+    along the sequence."""
+    blocks = set(model_map.blocks)
+    for parent in dict.fromkeys(b.rpartition(".")[0] for b in blocks):
+        stack = model.get_submodule(parent)
+        if not isinstance(stack, nn.ModuleList | nn.ModuleDict):
+            continue
+        for name, layer in stack.named_children():
+            fqn = f"{parent}.{name}" if parent else name
+            if fqn not in blocks and next(layer.parameters(), None) is not None:
+                ours = sorted(b for b in blocks if b.startswith(f"{parent}."))
+                raise ValueError(
+                    f"parallelize cannot split {fqn} ({type(layer).__name__}): it sits in "
+                    f"{parent or 'the model'} among the {model_map.family.name} blocks "
+                    f"({', '.join(ours[:4])}{', ...' if len(ours) > 4 else ''}) but is not "
+                    f"one: the plan would leave it unsplit (with sequence parallelism, fed a "
+                    f"residual stream split along the sequence); for this model use tp=1 "
+                    f"(FSDP2 only) or pass plan="
+                )
 
 
 def _check_split(fqn: str, dim: str, size: int, tp: int, block: int | None) -> None:

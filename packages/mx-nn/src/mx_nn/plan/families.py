@@ -20,8 +20,10 @@ root                tok_embeddings, norm,    embed_tokens, norm, lm_head (as Lla
                     lm_head
 ==================  =======================  ==========================  ==================
 
-OLMo2 is Hugging Face Llama without the pre-norms and with Gemma's post-norms; the
-torchtitan classic layout has ``attention.wq`` ... and the head ``output``.
+OLMo2 is Hugging Face Llama without the pre-norms and with Gemma's post-norms, and
+normalises its whole query and key projections (``self_attn.q_norm`` / ``k_norm``, the
+plan's ``attention.q_norm`` / ``k_norm``: across heads); the torchtitan classic layout
+has ``attention.wq`` ... and the head ``output``.
 
 A block of a family is a module with every path of the family's block table, linears
 being ``nn.Linear`` subclasses, and no other direct child that holds parameters: a
@@ -36,7 +38,7 @@ from types import MappingProxyType
 
 from torch import nn
 
-from mx_nn.plan.llama import OPTIONAL
+from mx_nn.plan.llama import HEAD_NORMS, OPTIONAL
 
 __all__ = ["FAMILIES", "Family", "ModelMap", "find_model_map", "unmapped_message"]
 
@@ -89,6 +91,12 @@ class Family:
         """The block's columnwise linears' paths (split along out_features)."""
         return tuple(p for p in self.linears() if p in {self.path(k) for k in _COLWISE})
 
+    def head_norms(self) -> tuple[tuple[str, str], ...]:
+        """(norm path, path of the projection it normalises) of the family's norms over
+        all heads of a projection (:data:`mx_nn.plan.llama.HEAD_NORMS`)."""
+        pairs = ((self.path(n), self.path(p)) for n, p in HEAD_NORMS.items())
+        return tuple((n, p) for n, p in pairs if n is not None and p is not None)
+
     def required(self) -> tuple[str, ...]:
         """Paths a block must have: every planned module but the optional norms."""
         keys = [*_LINEARS, "attention", "feed_forward", *OPTIONAL]
@@ -96,7 +104,8 @@ class Family:
         return tuple(dict.fromkeys(p for p in paths if p is not None))
 
 
-def _hf(name: str, **norms: str | None) -> Family:
+def _hf(name: str, changes: Mapping[str, str | None] | None = None) -> Family:
+    """A Hugging Face family: Llama's names, with ``changes`` (plan key -> path)."""
     block = {
         "attention_norm": "input_layernorm",
         "attention": "self_attn",
@@ -111,7 +120,9 @@ def _hf(name: str, **norms: str | None) -> Family:
         "feed_forward.w3": "mlp.up_proj",
         "feed_forward.w2": "mlp.down_proj",
         "post_ffn_norm": None,
-        **norms,
+        "attention.q_norm": None,  # per-head norms (Qwen3's) need no style: left unplanned
+        "attention.k_norm": None,
+        **(changes or {}),
     }
     root = {"tok_embeddings": "embed_tokens", "norm": "norm", "lm_head": "lm_head"}
     return Family(name=name, block=MappingProxyType(block), root=MappingProxyType(root),
@@ -119,21 +130,28 @@ def _hf(name: str, **norms: str | None) -> Family:
 
 
 _TITAN_ROOT = MappingProxyType({"tok_embeddings": "tok_embeddings", "norm": "norm"})
-_NO_POST = {"post_attention_norm": None, "post_ffn_norm": None}
+_NO_POST = {"post_attention_norm": None, "post_ffn_norm": None, "attention.q_norm": None,
+            "attention.k_norm": None}  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
     _hf(  # Gemma2, Gemma3: four norms around attention and the MLP
         "Hugging Face Gemma2/3",
-        post_attention_norm="post_attention_layernorm",
-        ffn_norm="pre_feedforward_layernorm",
-        post_ffn_norm="post_feedforward_layernorm",
+        {
+            "post_attention_norm": "post_attention_layernorm",
+            "ffn_norm": "pre_feedforward_layernorm",
+            "post_ffn_norm": "post_feedforward_layernorm",
+        },
     ),
-    _hf(  # OLMo2: the norms after attention and the MLP only
+    _hf(  # OLMo2: the norms after attention and the MLP only; q and k across heads
         "Hugging Face OLMo2",
-        attention_norm=None,
-        post_attention_norm="post_attention_layernorm",
-        ffn_norm=None,
-        post_ffn_norm="post_feedforward_layernorm",
+        {
+            "attention_norm": None,
+            "post_attention_norm": "post_attention_layernorm",
+            "ffn_norm": None,
+            "post_ffn_norm": "post_feedforward_layernorm",
+            "attention.q_norm": "self_attn.q_norm",
+            "attention.k_norm": "self_attn.k_norm",
+        },
     ),
     _hf("Hugging Face Llama"),  # Llama, Mistral, Qwen2/3 and the other Llama-likes
     Family(

@@ -12,7 +12,8 @@ reduce-scatter back to ``Shard(1)`` after the output projections. Without sequen
 parallelism the norms run replicated and the output projections all-reduce.
 
 Keys marked optional are planned only where the family has that module (Gemma2/3 and
-OLMo2 normalise the attention and MLP outputs too).
+OLMo2 normalise the attention and MLP outputs too; OLMo2 normalises the whole query and
+key projections, across heads: :class:`~mx_nn.plan.norms.HeadShardedNorm`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,18 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-__all__ = ["OPTIONAL", "block_plan", "root_plan"]
+from mx_nn.plan.norms import HeadShardedNorm
+
+__all__ = ["HEAD_NORMS", "OPTIONAL", "block_plan", "root_plan"]
+
+HEAD_NORMS: dict[str, str] = {
+    "attention.q_norm": "attention.qkv_linear.wq",
+    "attention.k_norm": "attention.qkv_linear.wk",
+}
+"""Norms over all heads of a projection's output (norm key -> the projection's key)."""
 
 OPTIONAL: frozenset[str] = frozenset(
-    {"attention_norm", "post_attention_norm", "ffn_norm", "post_ffn_norm"}
+    {"attention_norm", "post_attention_norm", "ffn_norm", "post_ffn_norm", *HEAD_NORMS}
 )
 """Block keys a family may not have (the resolver drops them where it has none)."""
 
@@ -45,6 +54,8 @@ def block_plan(*, sequence_parallel: bool) -> dict[str, ParallelStyle]:
             "attention.qkv_linear.wq": ColwiseParallel(),  # Replicate -> Shard(-1)
             "attention.qkv_linear.wk": ColwiseParallel(),
             "attention.qkv_linear.wv": ColwiseParallel(),
+            "attention.q_norm": HeadShardedNorm(),  # optional: Shard(-1) -> Shard(-1)
+            "attention.k_norm": HeadShardedNorm(),  # optional
             "attention.wo": RowwiseParallel(),  # Shard(-1) -> Replicate (all-reduce)
             "feed_forward.w1": ColwiseParallel(),
             "feed_forward.w3": ColwiseParallel(),
@@ -58,6 +69,8 @@ def block_plan(*, sequence_parallel: bool) -> dict[str, ParallelStyle]:
         "attention.qkv_linear.wq": ColwiseParallel(),  # Replicate -> Shard(-1), local heads
         "attention.qkv_linear.wk": ColwiseParallel(),
         "attention.qkv_linear.wv": ColwiseParallel(),
+        "attention.q_norm": HeadShardedNorm(),  # optional: Shard(-1) -> Shard(-1), all heads
+        "attention.k_norm": HeadShardedNorm(),  # optional
         "attention.wo": RowwiseParallel(  # Shard(-1) -> Shard(1) (reduce-scatter)
             output_layouts=Shard(1), use_local_output=False
         ),

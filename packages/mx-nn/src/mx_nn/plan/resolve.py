@@ -11,6 +11,9 @@ module names, and per module the MX or the plain style.
   :class:`~mx_nn.plan.titan.VocabParallelEmbedding` (the same split and output layouts).
 - An MX LM head gathers in MX only with ``mx_comms``; with sequence parallelism and no
   ``mx_comms`` it keeps PyTorch's style and its high-precision gather.
+- A norm of :data:`~mx_nn.plan.llama.HEAD_NORMS` as wide as its projection's output
+  (OLMo2's ``q_norm``) gets :class:`~mx_nn.plan.norms.HeadShardedNorm`; one per head
+  (``[head_dim]``) none: each rank holds whole heads.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from mx_core import CastSettings
 from mx_dtensor import MXColwiseParallel, MXRowwiseParallel, PrepareMXModuleInput
 from mx_nn.linear import MXLinear
 from mx_nn.plan.families import ModelMap
-from mx_nn.plan.llama import block_plan, root_plan
+from mx_nn.plan.llama import HEAD_NORMS, block_plan, root_plan
+from mx_nn.plan.norms import across_heads
 from mx_nn.plan.titan import VocabParallelEmbedding, is_vocab_parallel_embedding
 
 __all__ = ["input_cast", "model_plan"]
@@ -93,7 +97,11 @@ def model_plan(
             if path is None:
                 continue
             module = block.get_submodule(path)  # there: find_model_map checked every path
-            if isinstance(style, PrepareModuleInput):
+            if key in HEAD_NORMS:
+                projection = block.get_submodule(family.path(HEAD_NORMS[key]))
+                if not across_heads(module, projection):
+                    continue  # one norm per head: each rank's heads are whole
+            elif isinstance(style, PrepareModuleInput):
                 fed = [block.get_submodule(p) for p in family.linears() if p.startswith(f"{path}.")]
                 cast = _shared_cast(fed) if mx_comms else None
                 arg = family.attention_input if key == "attention" else 1
