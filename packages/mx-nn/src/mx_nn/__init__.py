@@ -19,6 +19,7 @@ from mx_nn import _deprecated
 from mx_nn.casts.scopes import keep_weight_casts, shared_casts
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.convert import convert
+from mx_nn.export.api import export as export_model
 from mx_nn.fsdp.enable import enable_fsdp_mx_all_gather
 from mx_nn.linear import MXLinear, share_input_casts
 from mx_nn.parallelize import parallelize
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = ["MXLinear", "MXLinearConfig", "MXRecipe", "convert"]
 __all__ += ["apply_compile", "apply_fsdp", "apply_tp", "enable_fsdp_mx_all_gather", "parallelize"]
 __all__ += ["keep_weight_casts", "share_input_casts", "shared_casts"]
+__all__ += ["export_model"]
 
 _deprecated.install()
 

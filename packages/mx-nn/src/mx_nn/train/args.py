@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 
 from mx_nn.config import MXRecipe
+from mx_nn.export.hf_dir import check_out_dir
+from mx_nn.export.schemes import scheme_for_recipe
 from mx_nn.models.llama import LlamaConfig
 from mx_nn.train import budget, checkpoint
 
@@ -79,6 +81,9 @@ class TrainArgs:
     """Seeds the init and the batch order."""
     autocast: bool = True
     """Compute under bf16 autocast (fp32 weights and optimizer); off: everything in fp32."""
+    export: str | None = None
+    """A new or empty folder to write the final model to as a Hugging Face model in
+    compressed-tensors' MX format (:mod:`mx_nn.export`), once the run completes."""
 
     @property
     def runs(self) -> tuple[str, ...]:
@@ -182,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "stopped)")  # fmt: skip
     p.add_argument("--seed", type=_typed(int, "a non-negative integer", 0), default=d.seed,
                    help="seed of init and batches")  # fmt: skip
+    p.add_argument("--export", metavar="DIR", default=None,
+                   help="when the run completes, write the final model to DIR (new or empty) "
+                   "as a Hugging Face model in compressed-tensors' MX format (mxfp8 or "
+                   "mxfp4, as the recipe trains), the exact codes it trained with")  # fmt: skip
     return p
 
 
@@ -219,6 +228,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
     if ns.data is not None and Path(ns.data).stat().st_size == 0:
         parser.error(f"argument --data: {ns.data!r} is empty")
     _check_out(parser, ns)
+    _check_export(parser, ns)
     _check_memory(parser, ns)
     return TrainArgs(**{k.replace("-", "_"): v for k, v in vars(ns).items()})
 
@@ -243,6 +253,22 @@ def _check_out(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
         what = f"the checkpoint {newest.name}" if newest else "incomplete checkpoints"
         parser.error(f"argument --out: {ns.out!r} holds {what} of an earlier run; continue "
                      "it with --resume, or start afresh over it with --overwrite")  # fmt: skip
+
+
+def _check_export(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    if ns.export is None:
+        return
+    if ns.recipe == BF16:
+        parser.error("argument --export: needs an MX --recipe (the bf16 baseline has no MX "
+                     "codes to serve)")  # fmt: skip
+    try:
+        scheme_for_recipe(ns.recipe)
+    except ValueError as e:
+        parser.error(f"argument --export: {e}")
+    try:
+        check_out_dir(ns.export)
+    except ValueError as e:
+        parser.error(f"argument --export: {e}")
 
 
 def _check_memory(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:

@@ -20,6 +20,7 @@ from mx_nn.train import checkpoint
 from mx_nn.train.args import BF16, TrainArgs, parse_args
 from mx_nn.train.data import ByteData, load_text
 from mx_nn.train.distributed import is_main, setup
+from mx_nn.train.export import export_live
 from mx_nn.train.guard import DIVERGED, TrainingDiverged
 from mx_nn.train.loop import RunResult, TrainingInterrupted, mx_filter, train_run
 from mx_nn.train.manifest import CheckpointError
@@ -93,7 +94,7 @@ def _say(*lines: str) -> None:
         print(*lines, sep="\n", flush=True)
 
 
-NOT_IDENTITY = ("resume", "overwrite", "device", "save_every", "out", "data")
+NOT_IDENTITY = ("resume", "overwrite", "device", "save_every", "out", "data", "export")
 """Flags a resumed run may change: how it runs and saves, not what it computes. Where
 --out is now is not part of the run (a moved --out resumes); --data is compared by its
 bytes' SHA-256 instead of its path, so a moved file resumes and an edited one does not."""
@@ -189,6 +190,8 @@ def _run(args: TrainArgs, out: Path, stop: StopFlag) -> int:
                  f"{checkpoint.latest(ckpt)}. With the same flags, --resume {then}.")  # fmt: skip
             return INTERRUPTED
     seconds = time.perf_counter() - t0
+    if args.export is not None:
+        _export(model, args, ckpt)  # a collective under torchrun
     sd = _full_state_dict(model)  # a collective: every rank takes part
     if not is_main():
         return 0
@@ -198,6 +201,18 @@ def _run(args: TrainArgs, out: Path, stop: StopFlag) -> int:
         raise RunFailed(f"cannot write the report in --out {str(out)!r}: {e.strerror or e}; "
                         "the checkpoint is complete: --resume with the same flags writes "
                         "the report again") from e  # fmt: skip
+
+
+def _export(model: torch.nn.Module, args: TrainArgs, ckpt: Path) -> None:
+    """``--export``: the final model, one tensor at a time (gathered, under torchrun)."""
+    try:
+        path, scheme = export_live(model, args)
+    except (OSError, ValueError) as e:
+        raise RunFailed(f"cannot export to --export {args.export!r}: {e}; the checkpoint "
+                        f"{checkpoint.latest(ckpt)} is complete: python -m mx_nn.export "
+                        f"{ckpt} {args.export} writes the export from it") from e  # fmt: skip
+    _say(f"exported the {args.recipe} model as {scheme.name} ({scheme.format}, "
+         f"compressed-tensors) to {path}")  # fmt: skip
 
 
 def _report(args: TrainArgs, out: Path, data: ByteData, results: list[RunResult], sd: dict,
