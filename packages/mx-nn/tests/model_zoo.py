@@ -251,7 +251,7 @@ def first_sentence(text: str) -> str:
 def outcome(res: dict) -> tuple[bool, str]:
     """(passed, the table's result) of one model type's ``real_models.zoo_check`` record:
     planned
-    with logits, losses, parameter count and tie as one process has them, or refused
+    with logits, losses, parameter elements and tie as one process has them, or refused
     before any change; anything else fails."""
     if "crashed" in res:
         return False, f"CRASHED: {res['crashed'].strip().splitlines()[-1]}"
@@ -268,7 +268,7 @@ def outcome(res: dict) -> tuple[bool, str]:
         wrong.append(f"losses {', '.join(par)} against {', '.join(ref)}")
     before, after = res["tie"]
     if after != before:
-        wrong.append(f"parameter count and tie {before} -> {after}")
+        wrong.append(f"parameter elements and tie {before} -> {after}")
     if wrong:
         return False, f"WRONG (tp=2, SP): {'; '.join(wrong)}"
     return True, f"planned (tp=2, SP): logits err <= {_sci(LOGITS)}"
@@ -305,7 +305,7 @@ def doc_section(families: tuple[Family, ...], results: dict[str, dict]) -> str:
             f"mesh, recipe=None)` at tp=2 with sequence parallelism on 2 gloo ranks "
             f"against the same model on one process: logits within {_sci(LOGITS)} "
             f"(relative), two SGD steps' losses within {_sci(LOSS)} (relative), parameter "
-            f"count and tie unchanged; or refused with a ValueError before any change. "
+            f"elements and tie unchanged; or refused with a ValueError before any change. "
             f"Which families are kept and why the others are not: "
             f"`packages/mx-nn/tests/model_zoo.py`.",
             width=90,

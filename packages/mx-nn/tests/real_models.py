@@ -57,16 +57,18 @@ def titan_llama3(fuse_qkv: bool) -> nn.Module:
 
 
 def hf(family: str, **overrides) -> nn.Module:
-    """A tiny random Hugging Face causal LM of ``family`` with its default tying."""
+    """A tiny random Hugging Face causal LM of ``family`` with its default tying (the
+    tiny sizes, or ``overrides``)."""
     import transformers
 
     cls = {"gemma": "Gemma", "gemma2": "Gemma2", "qwen3": "Qwen3", "olmo2": "Olmo2",
-           "mistral": "Mistral", "llama": "Llama"}[family]  # fmt: skip
-    config = getattr(transformers, f"{cls}Config")(
+           "mistral": "Mistral", "llama": "Llama", "phi3": "Phi3"}[family]  # fmt: skip
+    sizes = dict(
         vocab_size=VOCAB, hidden_size=DIM, intermediate_size=FFN, num_hidden_layers=LAYERS,
         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS,
-        max_position_embeddings=64, **overrides,
+        max_position_embeddings=64,
     )  # fmt: skip
+    config = getattr(transformers, f"{cls}Config")(**{**sizes, **overrides})
     config._attn_implementation = "eager"
     return getattr(transformers, f"{cls}ForCausalLM")(config)
 
@@ -78,6 +80,7 @@ BUILDERS = {
     "Gemma2": lambda: hf("gemma2"),
     "Qwen3": lambda: hf("qwen3"),
     "OLMo2": lambda: hf("olmo2"),
+    "Phi-3": lambda: hf("phi3", pad_token_id=0),  # fused qkv_proj and gate_up_proj
 }
 
 
@@ -91,10 +94,13 @@ def _logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def _tie(model: nn.Module) -> tuple[int, bool]:
+    """(elements of the model's distinct parameters, whether its LM head is tied to its
+    embedding): a parameter duplicated or lost changes the first (elements, not tensors:
+    split fused projections hold the same elements in more tensors)."""
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     tied = emb is not None and head is not None and head.weight is emb.weight
-    return len(list(model.parameters())), tied
+    return sum(p.numel() for p in model.parameters()), tied
 
 
 def check(

@@ -38,7 +38,7 @@ def _assert_matches(r: dict, names: list[str]) -> None:
         for a, b in zip(res["losses"]["par"], res["losses"]["ref"], strict=True):
             assert abs(a - b) <= LOSS * abs(b), (name, res["losses"])
         before, after = res["tie"]
-        assert after == before, (name, "parameter count and tie", before, after)
+        assert after == before, (name, "parameter elements and tie", before, after)
 
 
 @needs_dist

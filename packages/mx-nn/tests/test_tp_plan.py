@@ -1,5 +1,6 @@
-"""mx_nn.plan.tp_plan: which style each module of a torchtitan-named model gets (no process
-group: the plan is only built here; test_parallelize.py runs it).
+"""mx_nn.plan.resolve: which style each module of a torchtitan-named model (and of OLMo2 and
+Phi-3) gets (no process group: the plan is only built here; test_parallelize.py and
+test_real_models.py run it).
 
 MX linears get mx-dtensor's MX styles with their own cast, everything else PyTorch's;
 the gathers move MX only with mx_comms and a shared MX input cast."""
@@ -7,6 +8,7 @@ the gathers move MX only with mx_comms and a shared MX input cast."""
 import sys
 from pathlib import Path
 
+import pytest
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -95,3 +97,38 @@ def test_unconverted_and_mixed_casts_keep_pytorch_styles():
     assert type(block["attention"]) is PrepareModuleInput
     assert block["attention.wq"].fmt == "fp8_e5m2" and block["attention.wk"].fmt == "fp8_e4m3"
     assert type(block["feed_forward"]) is PrepareMXModuleInput
+
+
+def test_olmo2_norms_and_phi3_parts_get_their_styles():
+    pytest.importorskip("transformers")
+    from real_models import hf
+
+    from mx_nn.plan.fused import SplitLinearParallel, split_fused
+    from mx_nn.plan.norms import HeadShardedNorm
+
+    block, _ = _plans(hf("olmo2"), sequence_parallel=True, mx_comms=True)
+    assert type(block["self_attn.q_norm"]) is HeadShardedNorm
+    assert type(block["self_attn.k_norm"]) is HeadShardedNorm
+    # Qwen3's q_norm is per head ([head_dim]): no style, each rank's heads are whole.
+    block, _ = _plans(hf("qwen3"), sequence_parallel=True, mx_comms=True)
+    assert not any("norm" in k and "self_attn" in k for k in block), block
+    phi3 = hf("phi3", pad_token_id=0)
+    assert find_model_map(phi3) is None  # fused: not a family until split
+    split = split_fused(phi3)
+    assert split.fqns[:2] == (
+        "model.layers.0.self_attn.qkv_proj",
+        "model.layers.0.mlp.gate_up_proj",
+    )
+    mx_nn.convert(phi3, "mxfp8", filter_fn=lambda _m, f: f != "lm_head")
+    block, _ = _plans(phi3, sequence_parallel=True, mx_comms=True)
+    assert list(_types(block).items())[1:8] == [
+        ("self_attn", PrepareMXModuleInput),
+        ("self_attn.qkv_proj", SplitLinearParallel),
+        ("self_attn.qkv_proj.q", MXColwiseParallel),
+        ("self_attn.qkv_proj.k", MXColwiseParallel),
+        ("self_attn.qkv_proj.v", MXColwiseParallel),
+        ("self_attn.o_proj", MXRowwiseParallel),
+        ("post_attention_layernorm", SequenceParallel),
+    ]
+    assert type(block["mlp.gate_up_proj"]) is SplitLinearParallel
+    assert type(block["mlp.gate_up_proj.up"]) is MXColwiseParallel

@@ -3,8 +3,10 @@ Llama-style models (the plan, the families and the steps are in :mod:`mx_nn.plan
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import reprlib
+from collections.abc import Iterator
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -25,6 +27,7 @@ from mx_nn.plan.checks import (
     mark_parallelized,
 )
 from mx_nn.plan.families import ModelMap, find_model_map, unmapped_message
+from mx_nn.plan.fused import FusedSplit, split_fused
 
 __all__ = ["parallelize"]
 
@@ -78,7 +81,10 @@ def parallelize(
             eager only (not with ``compile``). Other weights gather as they are.
 
     Returns:
-        ``model``, with the same state_dict keys (values become DTensors).
+        ``model``, with the same state_dict keys (values become DTensors), except where
+        the built-in plan splits fused projections (Phi-3's ``qkv_proj`` and
+        ``gate_up_proj``, :mod:`mx_nn.plan.fused`, at every degree and mesh): their
+        parts' keys (``qkv_proj.q.weight`` ...) replace the fused one, which still loads.
 
     Raises:
         TypeError: ``model`` not an ``nn.Module``, ``mesh`` not a DeviceMesh, ``recipe``,
@@ -109,31 +115,37 @@ def parallelize(
     if mx_lm_head and config is None:
         raise ValueError("mx_lm_head=True converts the LM head, but recipe=None converts none")
     model_map = find_model_map(model)
-    if tp_mesh is not None and plan is None and model_map is None:
-        raise ValueError(unmapped_message(model))
-    if plan is not None and tp_mesh is None:
-        raise ValueError(
-            f"plan= is a tensor-parallel plan, but mesh_dim_names={mesh.mesh_dim_names} has "
-            f"no tensor-parallel dim (FSDP2 only); leave plan out or add a 'tp' dim"
-        )
-    if compile and model_map is None:
-        raise ValueError(
-            f"compile=True compiles each decoder block, but {type(model).__name__} has none "
-            f"parallelize can find; torch.compile the model after parallelize instead"
-        )
-    if tp_mesh is not None and plan is not None:
-        explicit = expand_plan(model, plan)
-        if tp > 1:
-            check_plan_modules(model, explicit, tp_mesh)
-    will_be_mx = _mx_linears_after_convert(model, model_map, config, mx_lm_head)
-    if tp_mesh is not None:
-        check_ties(model, tp, model_map, plan is not None)
-    if tp_mesh is not None and plan is None:
-        check_tp_sizes(model, model_map, tp, will_be_mx)
-    if fsdp_mx_all_gather:
-        check_fsdp_mx(model, model_map, will_be_mx, dp_mesh, tp, plan=plan, compile=compile)
-    # All checks passed: from here on the model changes (convert checks all its layers
-    # before it swaps the first). Marked first, so that even a call that fails part way
+    # Phi-3's fused projections become their parts first, so that every check sees the
+    # modules the plan shards; a refusal puts them back (the model as it was).
+    split = split_fused(model) if plan is None and model_map is None else None
+    with _undone_on_error(split):
+        if split is not None:
+            model_map = find_model_map(model)
+        if tp_mesh is not None and plan is None and model_map is None:
+            raise ValueError(unmapped_message(model))
+        if plan is not None and tp_mesh is None:
+            raise ValueError(
+                f"plan= is a tensor-parallel plan, but mesh_dim_names={mesh.mesh_dim_names} has "
+                f"no tensor-parallel dim (FSDP2 only); leave plan out or add a 'tp' dim"
+            )
+        if compile and model_map is None:
+            raise ValueError(
+                f"compile=True compiles each decoder block, but {type(model).__name__} has none "
+                f"parallelize can find; torch.compile the model after parallelize instead"
+            )
+        if tp_mesh is not None and plan is not None:
+            explicit = expand_plan(model, plan)
+            if tp > 1:
+                check_plan_modules(model, explicit, tp_mesh)
+        will_be_mx = _mx_linears_after_convert(model, model_map, config, mx_lm_head)
+        if tp_mesh is not None:
+            check_ties(model, tp, model_map, plan is not None)
+        if tp_mesh is not None and plan is None:
+            check_tp_sizes(model, model_map, tp, will_be_mx)
+        if fsdp_mx_all_gather:
+            check_fsdp_mx(model, model_map, will_be_mx, dp_mesh, tp, plan=plan, compile=compile)
+    # All checks passed: from here on the model changes further (convert checks all its
+    # layers before it swaps the first). Marked first, so that even a call that fails part way
     # leaves a model a second call refuses rather than changes again.
     mark_parallelized(model, mesh)
     # Order: convert first (tensor parallelism shards the MXLinear's own parameters, so
@@ -145,7 +157,8 @@ def parallelize(
     # FSDP last, per block then the root, so each block's parameters gather together.
     if config is not None:
         head = model_map.head if model_map is not None else None
-        convert(model, config, filter_fn=lambda _m, fqn: mx_lm_head or fqn != head)
+        with _undone_on_error(split):  # convert refuses before it swaps a layer
+            convert(model, config, filter_fn=lambda _m, fqn: mx_lm_head or fqn != head)
     if tp_mesh is not None:
         apply_tp(model, tp_mesh, plan=plan, sequence_parallel=sequence_parallel,
                  mx_comms=mx_comms)  # fmt: skip
@@ -154,6 +167,16 @@ def parallelize(
     if dp_mesh is not None:
         apply_fsdp(model, dp_mesh, mx_all_gather=fsdp_mx_all_gather)
     return model
+
+
+@contextlib.contextmanager
+def _undone_on_error(split: FusedSplit | None) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        if split is not None:
+            split.undo()
+        raise
 
 
 def _config(recipe: str | MXRecipe | MXLinearConfig) -> MXLinearConfig:

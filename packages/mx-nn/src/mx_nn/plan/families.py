@@ -20,6 +20,11 @@ root                tok_embeddings, norm,    embed_tokens, norm, lm_head (as Lla
                     lm_head
 ==================  =======================  ==========================  ==================
 
+Phi-3 fuses q/k/v into ``self_attn.qkv_proj`` and gate/up into ``mlp.gate_up_proj``
+(GLM the MLP's only); :func:`mx_nn.plan.fused.split_fused` splits them into
+``SplitLinear`` modules of their parts first, and these families name the parts
+(``self_attn.qkv_proj.q`` ..., ``mlp.gate_up_proj.gate`` / ``.up``).
+
 OLMo2 is Hugging Face Llama without the pre-norms and with Gemma's post-norms, and
 normalises its whole query and key projections (``self_attn.q_norm`` / ``k_norm``, the
 plan's ``attention.q_norm`` / ``k_norm``: across heads); the torchtitan classic layout
@@ -38,6 +43,7 @@ from types import MappingProxyType
 
 from torch import nn
 
+from mx_nn.plan.fused import SPLITS
 from mx_nn.plan.llama import HEAD_NORMS, OPTIONAL
 
 __all__ = ["FAMILIES", "Family", "ModelMap", "find_model_map", "unmapped_message"]
@@ -69,6 +75,9 @@ class Family:
     attention_input: str | int = 1
     """How a block passes the hidden states to attention: a keyword name, or the number
     of positional arguments (the hidden states first)."""
+    split: bool = False
+    """Its blocks exist only once :func:`mx_nn.plan.fused.split_fused` has split the
+    model's fused projections (its paths name the parts)."""
 
     def path(self, key: str) -> str | None:
         """This family's path of a block plan key (None: absent or merged away)."""
@@ -104,7 +113,7 @@ class Family:
         return tuple(dict.fromkeys(p for p in paths if p is not None))
 
 
-def _hf(name: str, changes: Mapping[str, str | None] | None = None) -> Family:
+def _hf(name: str, changes: Mapping[str, str | None] | None = None, split: bool = False) -> Family:
     """A Hugging Face family: Llama's names, with ``changes`` (plan key -> path)."""
     block = {
         "attention_norm": "input_layernorm",
@@ -126,7 +135,7 @@ def _hf(name: str, changes: Mapping[str, str | None] | None = None) -> Family:
     }
     root = {"tok_embeddings": "embed_tokens", "norm": "norm", "lm_head": "lm_head"}
     return Family(name=name, block=MappingProxyType(block), root=MappingProxyType(root),
-                  attention_input="hidden_states")  # fmt: skip
+                  attention_input="hidden_states", split=split)  # fmt: skip
 
 
 _TITAN_ROOT = MappingProxyType({"tok_embeddings": "tok_embeddings", "norm": "norm"})
@@ -152,6 +161,22 @@ FAMILIES: tuple[Family, ...] = (
             "attention.q_norm": "self_attn.q_norm",
             "attention.k_norm": "self_attn.k_norm",
         },
+    ),
+    _hf(  # Phi-3: fused qkv_proj and gate_up_proj, split into their parts (plan.fused)
+        "Hugging Face Phi-3 (qkv_proj, gate_up_proj split)",
+        {
+            "attention.qkv_linear.wq": "self_attn.qkv_proj.q",
+            "attention.qkv_linear.wk": "self_attn.qkv_proj.k",
+            "attention.qkv_linear.wv": "self_attn.qkv_proj.v",
+            "feed_forward.w1": "mlp.gate_up_proj.gate",
+            "feed_forward.w3": "mlp.gate_up_proj.up",
+        },
+        split=True,
+    ),
+    _hf(  # GLM: Llama's attention, Phi-3's fused gate_up_proj (split)
+        "Hugging Face GLM (gate_up_proj split)",
+        {"feed_forward.w1": "mlp.gate_up_proj.gate", "feed_forward.w3": "mlp.gate_up_proj.up"},
+        split=True,
     ),
     _hf("Hugging Face Llama"),  # Llama, Mistral, Qwen2/3 and the other Llama-likes
     Family(
@@ -257,7 +282,7 @@ def unmapped_message(model: nn.Module) -> str:
         f", ... ({len(linears)} in all)" if len(linears) > 24 else ""
     )
     near = []
-    for family in FAMILIES:
+    for family in (f for f in FAMILIES if not f.split):  # fused ones: the hint below
         tops = {p.split(".", 1)[0] for p in family.required()}
         for fqn, m in model.named_modules():
             has = [p for p in family.required() if _get(m, p) is not None]
@@ -271,13 +296,17 @@ def unmapped_message(model: nn.Module) -> str:
                 break
     fused = [f for f in linears if f.rsplit(".", 1)[-1] in ("qkv_proj", "gate_up_proj")]
     hint = (
-        f" Fused projections concatenated as [q; k; v] or [gate; up] ({fused[0]}, as in "
-        "Phi-3) are not planned: a columnwise split would give each rank a slice of the "
-        "concatenation, not its own heads."
+        f" Fused projections concatenated as [q; k; v] or [gate; up] ({fused[0]}) are "
+        f"planned once split into their parts, for the attention and MLP classes whose "
+        f"forward is known to slice them ({', '.join(SPLITS)}; parallelize splits them, "
+        f"apply_tp needs mx_nn.plan.fused.split_fused(model) first); a columnwise split "
+        f"of the fused weight would give each rank a slice of the concatenation, not its "
+        f"own heads."
         if fused
         else ""
     )
-    expected = "; ".join(f"{f.name}: {', '.join(f.required())}" for f in FAMILIES)
+    expected = "; ".join(f"{f.name}: {', '.join(f.required())}" for f in FAMILIES if not f.split)
+    expected += f"; and {', '.join(f.name for f in FAMILIES if f.split)} once split"
     return (
         f"parallelize cannot map {type(model).__name__}: found the linears [{shown or 'none'}]"
         f"{'; ' + '; '.join(near) if near else ''}.{hint} Expected decoder blocks of one of "

@@ -11,6 +11,10 @@ module names, and per module the MX or the plain style.
   :class:`~mx_nn.plan.titan.VocabParallelEmbedding` (the same split and output layouts).
 - An MX LM head gathers in MX only with ``mx_comms``; with sequence parallelism and no
   ``mx_comms`` it keeps PyTorch's style and its high-precision gather.
+- The parts of a :class:`~mx_nn.plan.fused.SplitLinear` (Phi-3's split ``qkv_proj``)
+  are linears like any other; the SplitLinear itself gets
+  :class:`~mx_nn.plan.fused.SplitLinearParallel` (the TP degree, its attention's
+  per-rank head counts).
 - A norm of :data:`~mx_nn.plan.llama.HEAD_NORMS` as wide as its projection's output
   (OLMo2's ``q_norm``) gets :class:`~mx_nn.plan.norms.HeadShardedNorm`; one per head
   (``[head_dim]``) none: each rank holds whole heads.
@@ -30,6 +34,7 @@ from mx_core import CastSettings
 from mx_dtensor import MXColwiseParallel, MXRowwiseParallel, PrepareMXModuleInput
 from mx_nn.linear import MXLinear
 from mx_nn.plan.families import ModelMap
+from mx_nn.plan.fused import SplitLinear, SplitLinearParallel
 from mx_nn.plan.llama import HEAD_NORMS, block_plan, root_plan
 from mx_nn.plan.norms import across_heads
 from mx_nn.plan.titan import VocabParallelEmbedding, is_vocab_parallel_embedding
@@ -108,6 +113,9 @@ def model_plan(
                 style = _gather(style, arg, cast)
             else:
                 style = _linear_style(style, module)
+                parent = path.rpartition(".")[0]
+                if isinstance(block.get_submodule(parent), SplitLinear):
+                    plan.setdefault(f"{b}.{parent}", SplitLinearParallel())
             plan[f"{b}.{path}"] = style
     fqns = {"tok_embeddings": model_map.embedding, "norm": model_map.norm,
             "lm_head": model_map.head}  # fmt: skip
