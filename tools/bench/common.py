@@ -11,14 +11,13 @@ imports it).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import datetime
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +41,6 @@ __all__ = [
     "llama3_8b_config",
     "llama3_8b_linears",
     "md_table",
-    "mx_nn_private",
     "publish",
     "run_cast",
     "same_bits",
@@ -178,10 +176,10 @@ def llama3_8b_linears(tp: int = 1) -> list[LinearShape]:
 
 
 def llama3_8b_config(*, n_layers: int, max_seq_len: int):
-    """An ``mx_nn.LlamaConfig`` of Llama-3-8B widths (vocabulary 32768)."""
-    import mx_nn
+    """An ``mx_nn.models.LlamaConfig`` of Llama-3-8B widths (vocabulary 32768)."""
+    from mx_nn.models import LlamaConfig
 
-    return mx_nn.LlamaConfig(
+    return LlamaConfig(
         dim=LLAMA3_8B["dim"], n_layers=n_layers, n_heads=LLAMA3_8B["heads"],
         n_kv_heads=LLAMA3_8B["kv_heads"], hidden_dim=LLAMA3_8B["ffn"],
         vocab_size=LLAMA3_8B["vocab"], max_seq_len=max_seq_len,
@@ -331,35 +329,3 @@ def publish(text: str, filename: str) -> None:
         path = Path(os.environ["OUT"]) / filename
         path.write_text(text + "\n")
         print(f"wrote {path}")
-
-
-# --- mx-nn internals the benchmarks still reach ----------------------------------------
-
-
-@contextlib.contextmanager
-def mx_nn_private(*, local_shards: bool = True, bf16_gemm=None) -> Iterator[Callable]:
-    """The one place that reaches into mx-nn's private names. Inside: MXLinear runs
-    DTensors on their local shards (``local_shards``; False dispatches every mx op
-    through DTensor and its sharding rules), and its bf16 GEMMs through ``bf16_gemm``
-    where given. Yields ``apply_tp(model, tp_mesh)``: mx-nn's plan (sequence parallel,
-    no MX comms) applied on any mesh, a 1-rank one too. Both are restored on exit."""
-    # mx-nn private: the local-shard switch, the CPU GEMM stand-in of host_cost.py
-    # --step, and the plan applied on a 1-rank mesh (mx_nn.apply_tp leaves tp=1 out,
-    # which is what these benchmarks measure against) have no public API
-    import mx_nn.linear
-    from mx_nn.plan.apply import _apply_plan
-    from mx_nn.plan.families import find_model_map
-    from mx_nn.plan.resolve import model_plan
-
-    def apply_tp(model: nn.Module, tp_mesh) -> None:
-        plan = model_plan(model, find_model_map(model), sequence_parallel=True, mx_comms=False)
-        _apply_plan(model, tp_mesh, plan)
-
-    before = mx_nn.linear._LOCAL_SHARDS, mx_nn.linear.bf16_gemm
-    mx_nn.linear._LOCAL_SHARDS = local_shards
-    if bf16_gemm is not None:
-        mx_nn.linear.bf16_gemm = bf16_gemm
-    try:
-        yield apply_tp
-    finally:
-        mx_nn.linear._LOCAL_SHARDS, mx_nn.linear.bf16_gemm = before

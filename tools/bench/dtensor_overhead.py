@@ -22,11 +22,12 @@ A one-rank CUDA mesh (NCCL, world size 1). Two parts:
    (8192 tokens: q 4096->4096/tp, k/v 4096->1024/tp, o 4096/tp->4096, gate/up
    4096->14336/tp, down 14336/tp->4096). Each DTensor result is bit-compared with the
    plain one too. Target: DTensor / plain <= 1.03. MXLinear runs DTensors as one op on
-   their local shards (mx_nn.placements); the "dispatch" column times the same layer
-   with every mx op dispatched through DTensor and the sharding rules instead (context:
-   what the local path saves), eager only. The control: bf16 nn.Linear on the same
-   plain tensors and DTensors, its DTensor / plain ratio in the same run (what DTensor
-   costs around a layer that has no mx ops at all).
+   their local shards (mx_nn.dtensor.local_shards); the "dispatch" column times the same
+   layer with every mx op dispatched through DTensor and the sharding rules instead
+   (``mx_nn.dtensor.dispatch_per_op``; context: what the local path saves), eager
+   only. The control: bf16 nn.Linear on the same plain tensors and DTensors, its
+   DTensor / plain ratio in the same run (what DTensor costs around a layer that has no
+   mx ops at all).
 
 Usage: cd tools/bench && python3 dtensor_overhead.py --compile   (BENCHMARKS.md's table;
        run_all.sh's dtensor step)
@@ -53,7 +54,6 @@ from common import (
     environment,
     llama3_8b_linears,
     md_table,
-    mx_nn_private,
     publish,
     step_fn,
 )
@@ -61,6 +61,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import mx_nn
+from mx_nn.dtensor import dispatch_per_op
 
 TARGET = 1.03
 # k and v have one shape, and so do gate and up: one row each.
@@ -228,7 +229,7 @@ def main(argv=None) -> int:
                         ca, c_x, grad, [c_plain.weight]
                     )
                     if mode == "eager":
-                        with mx_nn_private(local_shards=False):
+                        with dispatch_per_op():
                             t_dispatch = time_step(b, x_dt, grad_dt, [dt.weight])
                 except Exception:
                     traceback.print_exc()

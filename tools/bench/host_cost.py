@@ -31,8 +31,9 @@ widths (``--tokens`` tokens; q/k/v ``--hidden`` -> hidden/4, o hidden/4 -> hidde
 gate/up hidden -> hidden/2, down hidden/2 -> hidden), so that the CPU's GEMMs cost
 little; MXLinear runs its fused path (``compute_path="fake_quant"``, Triton casts)
 through the cached launch path of CUDA tensors with each launch a no-op, and its bf16
-GEMMs as on CUDA (``torch.mm`` of the bf16 operands; on CPU ``bf16_gemm`` multiplies in
-fp32). Wall time per step, microseconds, best of rounds of steps queued back to back.
+GEMMs as on CUDA (``torch.mm`` of the bf16 operands, through
+``mx_nn.linear.route_bf16_gemms``; on CPU ``bf16_gemm`` multiplies in fp32). Wall time
+per step, microseconds, best of rounds of steps queued back to back.
 No target: context for the eager step's host cost (docs/benchmark-log.md, 2026-12-06
 'TP layer: the eager step's Python').
 
@@ -56,7 +57,6 @@ from common import (
     bf16_and_mx,
     environment,
     md_table,
-    mx_nn_private,
     publish,
     seven_linear_inputs,
     step_fn,
@@ -202,7 +202,7 @@ def _gemm_as_on_cuda(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -
 
 def step_cost(modes: list[str], steps: int, tokens: int, hidden: int) -> None:
     """Print each mode's bf16 and MX wall time per step (``--step``, module doc)."""
-    import mx_nn
+    import mx_nn.linear
     from mx_kernels.testing import cpu_cached_launches
 
     torch.set_num_threads(1)
@@ -210,7 +210,8 @@ def step_cost(modes: list[str], steps: int, tokens: int, hidden: int) -> None:
     config = mx_nn.MXLinearConfig(compute_path="fake_quant", cast_backend="triton")
     bf16, mx = bf16_and_mx(lambda: SevenLinears(shapes, "cpu"), config)
     xs, grads = seven_linear_inputs(shapes, tokens, "cpu")
-    with mx_nn_private(bf16_gemm=_gemm_as_on_cuda), cpu_cached_launches(interpret=False):
+    route = mx_nn.linear.route_bf16_gemms(_gemm_as_on_cuda)
+    with route, cpu_cached_launches(interpret=False):
         for mode in modes:
             times = {}
             for name, model in (("bf16", bf16), ("mx", mx)):

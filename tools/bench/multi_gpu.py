@@ -8,7 +8,7 @@ On CUDA it uses NCCL and must run with NVLink multicast off (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1: set here when unset); with
 ``--device cpu`` it runs the same code on gloo (a dry run: ``--quick`` sizes).
 
-1. check: an ``mx_nn.Llama`` in mxfp8, ``mx_nn.parallelize``'d at tp=N with sequence
+1. check: an ``mx_nn.models.Llama`` in mxfp8, ``mx_nn.parallelize``'d at tp=N with sequence
    parallelism (and dp=2 x tp=N/2 when N >= 4), against the same model on one device
    (every rank computes it): logits, then 5 SGD steps' losses, relative error.
 2. gather: one Llama-3-8B layer's sequence-parallel input gather ([8192/N, 4096] per
@@ -39,6 +39,7 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
 import mx_dtensor  # noqa: E402
 import mx_nn  # noqa: E402
+from mx_nn.models import Llama, LlamaConfig  # noqa: E402
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -64,10 +65,10 @@ def _losses(model, tokens, steps: int) -> tuple[torch.Tensor, list[float]]:
 
 
 def check(world: int, device: str, quick: bool) -> list[str]:
-    cfg = mx_nn.LlamaConfig(dim=256 if quick else 1024, n_layers=2, n_heads=8, n_kv_heads=4,
-                            hidden_dim=768 if quick else 2816, max_seq_len=256)  # fmt: skip
+    cfg = LlamaConfig(dim=256 if quick else 1024, n_layers=2, n_heads=8, n_kv_heads=4,
+                      hidden_dim=768 if quick else 2816, max_seq_len=256)  # fmt: skip
     torch.manual_seed(0)
-    base = mx_nn.Llama(cfg).to(device)
+    base = Llama(cfg).to(device)
     tokens = torch.randint(0, cfg.vocab_size, (2, 129 if quick else 257), device=device)
     one = mx_nn.convert(copy.deepcopy(base), "mxfp8", filter_fn=lambda m, fqn: fqn != "output")
     ref_logits, ref_losses = _losses(one, tokens, 5)
@@ -116,8 +117,8 @@ def gather(world: int, device: str, quick: bool) -> list[str]:
 
 def throughput(world: int, device: str, quick: bool) -> list[str]:
     if quick:
-        cfg = mx_nn.LlamaConfig(dim=256, n_layers=2, n_heads=8, n_kv_heads=4, hidden_dim=768,
-                                vocab_size=256, max_seq_len=256)  # fmt: skip
+        cfg = LlamaConfig(dim=256, n_layers=2, n_heads=8, n_kv_heads=4, hidden_dim=768,
+                          vocab_size=256, max_seq_len=256)  # fmt: skip
     else:
         cfg = llama3_8b_config(n_layers=4, max_seq_len=4096)
     seq, batch = (128, 2) if quick else (4096, 2)
@@ -131,7 +132,7 @@ def throughput(world: int, device: str, quick: bool) -> list[str]:
         result = {}
         for recipe in (None, "mxfp8"):
             torch.manual_seed(0)
-            model = mx_nn.Llama(cfg).to(device=device, dtype=torch.bfloat16)
+            model = Llama(cfg).to(device=device, dtype=torch.bfloat16)
             model = mx_nn.parallelize(model, mesh, recipe=recipe, compile=device == "cuda")
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)

@@ -1,6 +1,6 @@
 """Overhead of mx_nn.parallelize at tp=1 against mx_nn.convert alone (run on a GPU).
 
-Two copies of the same bf16 mx_nn.Llama (Llama-3-8B layer shapes: dim 4096, 32 query /
+Two copies of the same bf16 mx_nn.models.Llama (Llama-3-8B layer shapes: dim 4096, 32 query /
 8 key-value heads, SwiGLU 14336; 2 layers, vocab 32768): one converted with
 ``mx_nn.convert(model, recipe)`` (LM head kept in bf16, as parallelize keeps it), one
 with ``mx_nn.parallelize(model, mesh, recipe=...)`` on a one-rank mesh (DTensor
@@ -8,9 +8,11 @@ parameters, sequence-parallel plan, no communication that moves data). Times for
 backward of tokens [batch, seq] (median ms of do_bench, the models measured
 alternately, ROUNDS times) and prints the ratio. At tp=1 parallelize leaves tensor
 parallelism out (plain tensors). Context, what the DTensor path itself costs: a third
-copy with the built-in TP plan applied on the one-rank mesh anyway (DTensor parameters
-and activations, the MXLinears on their local shards, mx_nn.local_shards), and the same
-with every mx op of its MXLinears dispatched through DTensor instead.
+copy with the built-in TP plan applied on the one-rank mesh anyway
+(``mx_nn.apply_tp(..., include_single_rank=True)``: DTensor parameters and activations,
+the MXLinears on their local shards, mx_nn.dtensor.local_shards), and the same with every
+mx op of its MXLinears dispatched through DTensor instead
+(``mx_nn.dtensor.dispatch_per_op``).
 
 Target: parallelize / convert <= 1.02.
 
@@ -23,22 +25,25 @@ Writes the table to $OUT/parallelize_overhead.md too when OUT is set.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 
 import torch
 import torch.distributed as dist
-from common import bench_ms, environment, llama3_8b_config, md_table, mx_nn_private, publish
+from common import bench_ms, environment, llama3_8b_config, md_table, publish
 
 import mx_nn
+from mx_nn.dtensor import dispatch_per_op
+from mx_nn.models import Llama, LlamaConfig
 
 ROUNDS = 3
 TARGET = 1.02  # parallelize / convert
 
 
-def _model(config: mx_nn.LlamaConfig) -> torch.nn.Module:
+def _model(config: LlamaConfig) -> torch.nn.Module:
     torch.manual_seed(0)
-    return mx_nn.Llama(config).to(device="cuda", dtype=torch.bfloat16)
+    return Llama(config).to(device="cuda", dtype=torch.bfloat16)
 
 
 def main(argv=None) -> int:
@@ -49,7 +54,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     print(environment())
     if args.quick:
-        config = mx_nn.LlamaConfig(
+        config = LlamaConfig(
             dim=1024,
             n_layers=1,
             n_heads=8,
@@ -70,8 +75,8 @@ def main(argv=None) -> int:
         converted = mx_nn.convert(_model(config), args.recipe, filter_fn=keep_head)
         parallel = mx_nn.parallelize(_model(config), mesh, recipe=args.recipe)
         forced = mx_nn.convert(_model(config), args.recipe, filter_fn=keep_head)
-        with mx_nn_private() as apply_tp:
-            apply_tp(forced, mesh)
+        # mx_comms=False: the plan's communication in high precision, as parallelize's.
+        mx_nn.apply_tp(forced, mesh, mx_comms=False, include_single_rank=True)
         tokens = torch.randint(
             0, config.vocab_size, (args.batch, config.max_seq_len), device="cuda"
         )
@@ -96,7 +101,7 @@ def main(argv=None) -> int:
         for _ in range(ROUNDS):
             for name, model in runs:
                 step, params = step_of(model)
-                with mx_nn_private(local_shards=name != "dispatch"):
+                with dispatch_per_op() if name == "dispatch" else contextlib.nullcontext():
                     times[name].append(bench_ms(step, grad_to_none=params))
     finally:
         dist.destroy_process_group()

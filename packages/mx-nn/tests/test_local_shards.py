@@ -1,9 +1,11 @@
-"""MXLinear on DTensors runs as one op on the local shards (``mx_nn.dtensor.placements``): the
-same results, bit for bit, and the same gradient placements as dispatching every mx op
-through DTensor and its sharding rules, with no mx op left to DTensor's dispatch."""
+"""MXLinear on DTensors runs as one op on the local shards (``mx_nn.dtensor.local_shards``):
+the same results, bit for bit, and the same gradient placements as dispatching every mx
+op through DTensor and its sharding rules (``dispatch_per_op``), with no mx op left to
+DTensor's dispatch."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from pathlib import Path
@@ -35,7 +37,6 @@ def _run_block(
     from torch.utils._python_dispatch import TorchDispatchMode
 
     import mx_nn.dtensor.local_shards
-    import mx_nn.linear
 
     rank, tp = mesh.get_local_rank(), mesh.size()
     g = torch.Generator().manual_seed(1)
@@ -54,17 +55,17 @@ def _run_block(
             return func(*args, **(kwargs or {}))
 
     ls = mx_nn.dtensor.local_shards
-    saved = mx_nn.linear._LOCAL_SHARDS, ls._EAGER_OP, ls._FROM_LOCAL_GRAD, ls._FAST_NEW
-    mx_nn.linear._LOCAL_SHARDS = local
+    saved = ls._EAGER_OP, ls._FROM_LOCAL_GRAD, ls._FAST_NEW
     ls._EAGER_OP = form.startswith("eager")
-    ls._FROM_LOCAL_GRAD = form != "traced 2.11" and saved[2]
-    ls._FAST_NEW = form != "eager DTensor()" and saved[3]
+    ls._FROM_LOCAL_GRAD = form != "traced 2.11" and saved[1]
+    ls._FAST_NEW = form != "eager DTensor()" and saved[2]
+    dispatch = contextlib.nullcontext() if local else ls.dispatch_per_op()
     try:
-        with Count(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with dispatch, Count(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             y = block(x_loc)
             y.backward(grad[:, sl].contiguous())
     finally:
-        mx_nn.linear._LOCAL_SHARDS, ls._EAGER_OP, ls._FROM_LOCAL_GRAD, ls._FAST_NEW = saved
+        ls._EAGER_OP, ls._FROM_LOCAL_GRAD, ls._FAST_NEW = saved
     params = [(n, p.grad.placements, p.grad.to_local()) for n, p in block.named_parameters()]
     return [y.detach(), x_loc.grad, *params], seen
 

@@ -51,7 +51,9 @@ per device).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -74,18 +76,15 @@ from mx_nn.casts.layer import (
 )
 from mx_nn.casts.scopes import add_cast_scope
 from mx_nn.config import MXLinearConfig, MXRecipe
-from mx_nn.dtensor.local_shards import on_local_shards, reduced
+from mx_nn.dtensor.local_shards import local_shards_enabled, on_local_shards, reduced
 from mx_nn.dtensor.placements import linear_layout
 
-__all__ = ["MXLinear", "share_input_casts"]
+__all__ = ["MXLinear", "route_bf16_gemms", "share_input_casts"]
 
 logger = logging.getLogger("mx_nn")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the casts take
 _LOGGED: set[tuple[str, str]] = set()  # (why, device) of the emulated GEMMs logged
-# DTensor inputs run as one op on their local shards (mx_nn.dtensor.local_shards); False
-# dispatches every mx op through DTensor and its sharding rules instead (tests compare
-# the two, bit for bit).
-_LOCAL_SHARDS = True
+_bf16_gemm = bf16_gemm  # the fused path's GEMM: route_bf16_gemms() replaces it
 
 
 def _gemm(a, a_fmt: str, b, b_fmt: str, out_dtype: torch.dtype, c: MXLinearConfig):
@@ -177,7 +176,7 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
             else:
                 fn = mx_kernels.fake_quantize_both  # inline: W is cast once
                 wf_row, wf_col = cast_weight(fn, weight, c.weight_fmt, c, inline=True)
-        y = bf16_gemm(xf, wf_row.t(), x.dtype)
+        y = _bf16_gemm(xf, wf_row.t(), x.dtype)
         # Saved: X cast along M where backward computes the MX dW, else X itself.
         ctx.save_for_backward(wf_col, x2 if xf_col is None else xf_col)
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
@@ -207,9 +206,9 @@ class _FakeQuantLinearFunction(torch.autograd.Function):
                 if dy_pad is not dy:
                     dyf = dyf[: dy.shape[0]]
             if ctx.needs_input_grad[1]:  # saved_x: X cast along M in forward
-                grad_w = bf16_gemm(dyf_col.t(), saved_x, ctx.w_dtype)
+                grad_w = _bf16_gemm(dyf_col.t(), saved_x, ctx.w_dtype)
         if ctx.needs_input_grad[0]:
-            grad_x = bf16_gemm(dyf, wf_col, ctx.x_dtype)
+            grad_x = _bf16_gemm(dyf, wf_col, ctx.x_dtype)
             if grad_output.dim() != 2:
                 grad_x = grad_x.reshape(*grad_output.shape[:-1], wf_col.shape[1])
         return grad_x, grad_w, None, None
@@ -296,7 +295,7 @@ class MXLinear(nn.Linear):
         weight_grad = weight.requires_grad and torch.is_grad_enabled()
         if isinstance(x, DTensor) or isinstance(weight, DTensor):
             layout = linear_layout(self.layer_name, x, weight, self.config)
-            if _LOCAL_SHARDS:
+            if local_shards_enabled():
                 y = on_local_shards(fn, x, weight, self.config, layout, dtype, weight_grad)
                 return y if self.bias is None else y + self.bias.to(y.dtype)
         if dtype is not None:
@@ -349,10 +348,47 @@ def share_input_casts(model: nn.Module) -> int:
     children a cast scope (:func:`mx_nn.casts.scopes.add_cast_scope`): within each of its
     calls, the children that read one input tensor share its casts (q/k/v, gate/up).
     ``convert`` calls it; call it after building a model with MXLinear layers by hand.
-    Idempotent. Returns how many modules have a scope now."""
+    Idempotent.
+
+    Args:
+        model: any module.
+
+    Returns:
+        How many modules have a scope now.
+    """
     n = 0
     for module in model.modules():
         if sum(isinstance(c, MXLinear) for c in module.children()) >= 2:
             add_cast_scope(module)
             n += 1
     return n
+
+
+@contextlib.contextmanager
+def route_bf16_gemms(
+    gemm: Callable[[torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor],
+) -> Iterator[None]:
+    """Inside, MXLinear's fused path (fake-quantized casts + bf16 GEMMs) runs its three
+    GEMMs through ``gemm`` instead of ``mx_kernels.bf16_gemm``: for benchmarking the host
+    cost of a step, e.g. with the GEMMs CUDA would run, on CPU
+    (``tools/bench/host_cost.py --step``). The MX path (``scaled_mm``) is unaffected.
+
+    Process-wide (every layer, every thread); nests, and restores the GEMM it found on
+    exit, also on an exception.
+
+    Args:
+        gemm: called as ``mx_kernels.bf16_gemm`` is: ``gemm(a, b, out_dtype)`` with a
+            [M, K] and b [K, N] of any strides and dtypes (the fake-quantized operands),
+            returning ``a @ b`` [M, N] in ``out_dtype``.
+
+    Raises:
+        TypeError: ``gemm`` is not callable.
+    """
+    global _bf16_gemm
+    if not callable(gemm):
+        raise TypeError(f"route_bf16_gemms: gemm must be callable, got {type(gemm).__name__}")
+    before, _bf16_gemm = _bf16_gemm, gemm
+    try:
+        yield
+    finally:
+        _bf16_gemm = before

@@ -31,7 +31,15 @@ _LOGGED: set[tuple[str, str, str]] = set()
 
 def cast_kwargs(c: MXLinearConfig) -> dict:
     """The casts' keyword arguments of config ``c``; made once per config object in
-    eager code (callers only unpack it), since a layer call asks for them several times."""
+    eager code (callers only unpack it), since a layer call asks for them several times.
+
+    Args:
+        c: the layer's config.
+
+    Returns:
+        ``{"block_size": int, "scale_mode": str, "backend": str}`` (shared: not to be
+        changed).
+    """
     if torch.compiler.is_compiling():
         return _cast_kwargs_of(c)
     hit = _KWARGS.get(id(c))
@@ -62,6 +70,14 @@ def fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype)
     A constant to torch.compile. Its arguments reach it as plain values: torch 2.11's
     dynamo cannot rebuild a frozen dataclass to call such a function ("can't reconstruct
     arbitrary frozen dataclass instances").
+
+    Args:
+        device: the input's device.
+        c: the layer's config.
+        dtype: the dtype the GEMMs' inputs have (under autocast, the autocast dtype).
+
+    Returns:
+        True for the fused path, False for the MX path.
     """
     if torch.compiler.is_compiling():
         return _fake_quant_path_of(device.type, device.index, _fields(c), dtype)

@@ -82,8 +82,18 @@ _CASTS: dict[tuple, FusedCasts] = {}
 def fused_casts(
     x2: torch.Tensor, weight: torch.Tensor, c: MXLinearConfig, colwise: bool
 ) -> FusedCasts | None:
-    """The plans of a fused-path call on X [M, K] and ``weight``, or None where the
-    general path runs (see the module doc). ``colwise``: backward computes the MX dW."""
+    """The plans of a fused-path call on X [M, K] and ``weight`` (see the module doc).
+
+    Args:
+        x2: X [M, K].
+        weight: W [N, K].
+        c: the layer's config.
+        colwise: whether backward computes the MX dW.
+
+    Returns:
+        The call's :class:`FusedCasts` (made once per signature), or None where the
+        general path runs.
+    """
     if not (colwise and may_skip_dispatch(x2) and type(weight) in _PLAIN):
         return None
     if weight_casts_kept() or x2.shape[0] % c.block_size or _handed(x2, c):

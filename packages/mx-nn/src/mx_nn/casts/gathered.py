@@ -48,7 +48,11 @@ def prime_linear_inputs(gathered: GatheredCast) -> None:
     """Prime MXLinear's forward input casts (both paths) of ``gathered.decoded``.
 
     MXLinear casts the local tensor of its (Replicate) DTensor input
-    (:mod:`mx_nn.dtensor.local_shards`), so the keys and casts primed are local tensors too."""
+    (:mod:`mx_nn.dtensor.local_shards`), so the keys and casts primed are local tensors too.
+
+    Args:
+        gathered: the gather's decoded input, codes, scales and cast settings.
+    """
     x = _local(gathered.decoded)
     # Plain strings and an int, as MXLinear's own call passes them (mx_nn.casts.compute_path).
     kwargs = gathered.cast.as_kwargs()

@@ -25,8 +25,18 @@ __all__ = [
 
 def config_cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool = False):
     """``fn`` (an mx_kernels cast or fake-quantize) with the config's block, mode, backend.
-    ``inline``: a fake-quantize's inline overload, which torch.compile launches from its
-    generated code, for a tensor no other layer casts (``mx_kernels.inline_casts``)."""
+
+    Args:
+        fn: e.g. ``mx_kernels.quantize_both`` or ``mx_kernels.fake_quantize_rowwise``.
+        x: the tensor to cast, as ``fn`` takes it.
+        fmt: the element format name.
+        c: the layer's config.
+        inline: a fake-quantize's inline overload, which torch.compile launches from its
+            generated code, for a tensor no other layer casts (``mx_kernels.inline_casts``).
+
+    Returns:
+        What ``fn`` returns.
+    """
     if inline:
         return fn(x, fmt, inline=True, **cast_kwargs(c))
     return fn(x, fmt, **cast_kwargs(c))
@@ -34,7 +44,13 @@ def config_cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool =
 
 def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool = False):
     """:func:`config_cast` of the weight, kept while it is unchanged inside
-    ``mx_nn.keep_weight_casts()`` (:func:`mx_nn.casts.scopes.cast_weight_kept`)."""
+    ``mx_nn.keep_weight_casts()`` (:func:`mx_nn.casts.scopes.cast_weight_kept`).
+
+    Arguments as :func:`config_cast`, with ``weight`` [N, K] for ``x``.
+
+    Returns:
+        What ``fn`` returns.
+    """
     if inline:
         return cast_weight_kept(fn, weight, fmt, inline=True, **cast_kwargs(c))
     return cast_weight_kept(fn, weight, fmt, **cast_kwargs(c))
@@ -42,17 +58,43 @@ def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig, inline: b
 
 def cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     """:func:`config_cast` of the layer's input, shared with the other layers that read the
-    same tensor (q/k/v, gate/up; :mod:`mx_nn.casts.scopes`)."""
+    same tensor (q/k/v, gate/up; :mod:`mx_nn.casts.scopes`).
+
+    Arguments as :func:`config_cast` (never inline: the cast is shared).
+
+    Returns:
+        What ``fn`` returns (the shared result where another layer made it).
+    """
     return cast_shared(fn.__name__, fn, x, fmt, **cast_kwargs(c))
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] as [M, K] (a view where the strides allow, as ``reshape``)."""
+    """x [..., K] with its leading dims folded.
+
+    Args:
+        x: [..., K], rank >= 1.
+
+    Returns:
+        [M, K]: ``x`` itself where 2-D, else a view where the strides allow (as
+        ``reshape``).
+    """
     return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
 def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    """x [M, K] with zero rows appended up to a multiple of ``multiple``."""
+    """x [M, K] with zero rows appended up to a multiple of ``multiple``.
+
+    Args:
+        x: [M, K], a tensor or a DTensor whose M is not sharded.
+        multiple: the row count to pad to a multiple of (the block size).
+
+    Returns:
+        ``x`` itself where M is a multiple already, else [ceil(M / multiple) * multiple,
+        K] (a DTensor padded on each rank for a DTensor).
+
+    Raises:
+        ValueError: a DTensor sharded along M.
+    """
     extra = -x.shape[0] % multiple
     if not extra:
         return x
@@ -78,7 +120,18 @@ def mx_input(
     the layers reading X) or, where an MX gather handed the rowwise cast over, alone
     (``quantize_colwise``, shared too); else X itself. Casting in forward also means the
     compiler never recomputes X for the cast in backward: Inductor's recompute of an
-    RMSNorm output in backward was seen to differ from the forward's in the last bit."""
+    RMSNorm output in backward was seen to differ from the forward's in the last bit.
+
+    Args:
+        x2: X [M, K].
+        c: the layer's config.
+        colwise: whether backward computes the MX dW (needs X cast along M).
+
+    Returns:
+        ``((codes [M, K], scales [M, K // bs]), saved)``: ``saved`` is X's columnwise
+        cast ``(codes, scales)`` (M padded to whole blocks) where ``colwise``, else
+        ``(x2,)``.
+    """
     rowwise, fmt = mx_kernels.quantize_rowwise, c.input_fmt
     if not colwise:
         return cast_input(rowwise, x2, fmt, c), (x2,)
@@ -101,7 +154,17 @@ def fake_quantized_input(
     backward in place of X. That is one read of X and one launch fewer per step than
     casting along M in backward (BENCHMARKS.md, 2026-12-05 'TP layer: where the step
     goes'), and as much memory as saving X, except where something else keeps X alive
-    too (attention's output, which SDPA saves, as o_proj's input)."""
+    too (attention's output, which SDPA saves, as o_proj's input).
+
+    Args:
+        x2: X [M, K].
+        c: the layer's config.
+        colwise: whether backward computes the MX dW.
+
+    Returns:
+        ``(rowwise [M, K], columnwise [M_pad, K] or None)``, both in X's dtype;
+        ``M_pad`` is M padded to whole blocks.
+    """
     rowwise, fmt = mx_kernels.fake_quantize_rowwise, c.input_fmt
     if not colwise:
         return cast_input(rowwise, x2, fmt, c), None

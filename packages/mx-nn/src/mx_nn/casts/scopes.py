@@ -93,7 +93,17 @@ def _key(x: torch.Tensor, cast, args: tuple, kwargs: dict) -> tuple | None:
 
 def cast_shared(site: str, cast, x: torch.Tensor, *args, **kwargs):
     """``cast(x, *args, **kwargs)``, or the result of the same call at ``site`` made
-    earlier in the same scope from the same tensor (see the module doc)."""
+    earlier in the same scope from the same tensor (see the module doc).
+
+    Args:
+        site: the name the results are kept under (the cast's name).
+        cast: the cast function.
+        x: the tensor to cast.
+        *args, **kwargs: the cast's other arguments (part of the key).
+
+    Returns:
+        What ``cast`` returns.
+    """
     if torch.compiler.is_compiling():
         return cast(x, *args, **kwargs)
     key = _key(x, cast, args, kwargs)
@@ -110,7 +120,16 @@ def cast_shared_plan(site: str, plan, x: torch.Tensor):
     """:func:`cast_shared` of a cast plan (``mx_kernels.cast_plan``): ``plan(x)``, or the
     earlier result at ``site`` in the same scope from the same plan and tensor. The plan
     stands for the cast and all its arguments, so it keys in their place. Eager only,
-    as its callers (the plans run only there)."""
+    as its callers (the plans run only there).
+
+    Args:
+        site: the name the results are kept under.
+        plan: the cast plan, called as ``plan(x)``.
+        x: the tensor to cast.
+
+    Returns:
+        What ``plan(x)`` returns.
+    """
     ident = _identity(x)
     if ident is None:
         return plan(x)
@@ -124,7 +143,13 @@ def cast_shared_plan(site: str, plan, x: torch.Tensor):
 
 def peek_cast(site: str, cast, x: torch.Tensor, *args, **kwargs):
     """What ``cast_shared(site, cast, x, *args, **kwargs)`` would hand out without
-    casting, or None: nothing is cast or kept. None under torch.compile."""
+    casting: nothing is cast or kept.
+
+    Arguments as :func:`cast_shared`.
+
+    Returns:
+        The kept result, or None (always None under torch.compile).
+    """
     if torch.compiler.is_compiling():
         return None
     if not _STATE.scopes:
@@ -137,7 +162,13 @@ def prime_cast(site: str, cast, x: torch.Tensor, out, *args, **kwargs) -> None:
     """Make ``out`` what ``cast_shared(site, cast, x, *args, **kwargs)`` returns in the
     open scope while ``x`` is unchanged: a result of that cast known from elsewhere (an
     MX gather that made it). No-op outside a scope, under torch.compile and for
-    inference tensors."""
+    inference tensors.
+
+    Args:
+        site, cast, x: as :func:`cast_shared`.
+        out: the result to hand out.
+        *args, **kwargs: the cast's other arguments, as the call will pass them.
+    """
     if torch.compiler.is_compiling() or not _STATE.scopes:
         return
     key = _key(x, cast, args, kwargs)
@@ -183,7 +214,11 @@ def _post_hook(module: nn.Module, args, output) -> None:
 def add_cast_scope(module: nn.Module) -> None:
     """Give ``module`` a cast scope for each of its calls (module doc): opened before
     any other forward pre-hook (an MX gather's among them, whenever registered), closed
-    after the forward, whether it returns or raises. Idempotent."""
+    after the forward, whether it returns or raises. Idempotent.
+
+    Args:
+        module: the module whose calls get a scope.
+    """
     if getattr(module, _HOOKED, None) is None:
         handles = (
             module.register_forward_pre_hook(_pre_hook, prepend=True),
@@ -198,7 +233,11 @@ def keep_weight_casts() -> Iterator[None]:
     it is unchanged (same storage and version counter), for the micro-batches of one
     gradient-accumulation step; on exit every kept cast is dropped. Eager only. Write
     no weight inside other than in place (``.data`` writes are not seen); the optimizer
-    step belongs outside. Not nested."""
+    step belongs outside. Not nested.
+
+    Raises:
+        RuntimeError: already open in this thread.
+    """
     if _STATE.weights is not None:
         raise RuntimeError("keep_weight_casts() is already open in this thread")
     _STATE.weights = {}
@@ -209,13 +248,26 @@ def keep_weight_casts() -> Iterator[None]:
 
 
 def weight_casts_kept() -> bool:
-    """Whether :func:`keep_weight_casts` is open in this thread."""
+    """Whether :func:`keep_weight_casts` is open.
+
+    Returns:
+        True inside it, in this thread.
+    """
     return _STATE.weights is not None
 
 
 def cast_weight_kept(cast, weight: torch.Tensor, *args, **kwargs):
     """``cast(weight, *args, **kwargs)``, kept inside :func:`keep_weight_casts` for a
-    Parameter (a weight converted per call, as under autocast, is new each time)."""
+    Parameter (a weight converted per call, as under autocast, is new each time).
+
+    Args:
+        cast: the cast function.
+        weight: W [N, K].
+        *args, **kwargs: the cast's other arguments (part of the key).
+
+    Returns:
+        What ``cast`` returns (the kept result while the weight is unchanged).
+    """
     kept = _STATE.weights
     if kept is None or not isinstance(weight, nn.Parameter) or torch.compiler.is_compiling():
         return cast(weight, *args, **kwargs)

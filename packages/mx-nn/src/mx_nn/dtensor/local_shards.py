@@ -12,11 +12,17 @@ the output and gradient DTensors from specs made once per layout:
 ``to_local`` / ``from_local`` cost more host time than DTensor's dispatch of a cheap op. Under
 torch.compile the same is written with ``to_local`` / ``from_local``, which the compiler
 traces (and then costs nothing at run time).
+
+:func:`dispatch_per_op` switches it off: every mx op of the layer then goes through
+DTensor's dispatch and the sharding rules, the reference the tests and
+``tools/bench/dtensor_overhead.py`` compare against.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -25,7 +31,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
 from mx_nn.dtensor.placements import LinearLayout
 
-__all__ = ["on_local_shards", "reduced"]
+__all__ = ["dispatch_per_op", "local_shards_enabled", "on_local_shards", "reduced"]
 
 # torch 2.13's from_local takes the gradient's placements; 2.11's has no such argument
 # and hands a Partial gradient of a Partial output back unreduced.
@@ -33,6 +39,36 @@ _FROM_LOCAL_GRAD = "grad_placements" in inspect.signature(DTensor.from_local).pa
 _SPECS: dict[tuple, tuple[DTensorSpec, ...]] = {}
 # Eager runs :class:`_OnLocalShards`; False runs the traceable form eagerly too (tests).
 _EAGER_OP = True
+_ENABLED = True  # False inside dispatch_per_op()
+
+
+def local_shards_enabled() -> bool:
+    """Whether MXLinear runs DTensor inputs and weights as one op on their local shards
+    (True, the default) or dispatches each mx op through DTensor (False: inside
+    :func:`dispatch_per_op`).
+
+    Returns:
+        The process-wide setting, read by every MXLinear call on DTensors.
+    """
+    return _ENABLED
+
+
+@contextlib.contextmanager
+def dispatch_per_op() -> Iterator[None]:
+    """Inside, MXLinear dispatches every mx op of a call on DTensors through DTensor and
+    the sharding rules of :mod:`mx_dtensor` instead of running as one op on the local
+    shards: the same results bit for bit and the same gradient placements, at more host
+    time per call. For comparing the two (tests, ``tools/bench/dtensor_overhead.py``).
+
+    Process-wide (every layer, every thread); nests, and restores the setting it found
+    on exit, also on an exception.
+    """
+    global _ENABLED
+    before, _ENABLED = _ENABLED, False
+    try:
+        yield
+    finally:
+        _ENABLED = before
 
 
 def reduced(grad: torch.Tensor) -> torch.Tensor:
@@ -43,7 +79,14 @@ def reduced(grad: torch.Tensor) -> torch.Tensor:
     is a no-op in eager. Where torch.compile traces an autograd.Function, it first
     assumes a gradient with the output's placements (Partial); AOTAutograd then traces
     the real backward with the tangent coerced to Replicate
-    (``DTensor.__coerce_tangent_metadata__``), where this is again a no-op."""
+    (``DTensor.__coerce_tangent_metadata__``), where this is again a no-op.
+
+    Args:
+        grad: the output's gradient, a tensor or a DTensor.
+
+    Returns:
+        ``grad`` itself, or a DTensor with each Partial placement made Replicate.
+    """
     if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
         return grad.redistribute(grad.device_mesh, _summed(grad.placements))
     return grad
@@ -71,8 +114,21 @@ def on_local_shards(
     weight_grad: bool,
 ) -> DTensor:
     """``fn.apply(x_local, weight_local, config, weight_grad)`` (an MXLinear autograd
-    function) as one op from DTensors to a DTensor placed as ``layout`` says. ``dtype``:
-    the autocast dtype both operands are cast to first (as F.linear would), or None."""
+    function) as one op from DTensors to a DTensor placed as ``layout`` says.
+
+    Args:
+        fn: ``_MXLinearFunction`` or ``_FakeQuantLinearFunction`` of :mod:`mx_nn.linear`.
+        x: the input DTensor [..., K].
+        weight: the weight DTensor [N, K].
+        config: the layer's config.
+        layout: the placements of this call (:func:`mx_nn.dtensor.placements.linear_layout`).
+        dtype: the autocast dtype both operands are cast to first (as F.linear would),
+            or None.
+        weight_grad: whether backward computes dW.
+
+    Returns:
+        Y [..., N], a DTensor placed as ``layout.output``.
+    """
     if not _EAGER_OP or torch.compiler.is_compiling():
         shape = (*x.shape[:-1], weight.shape[0])
         return _traceable(fn, x, weight, config, layout, dtype, shape, weight_grad)

@@ -31,6 +31,12 @@ def check_placements(
     """Refuse placements of ``x`` [..., K] and ``weight`` [N, K] that MXLinear cannot run
     without splitting MX blocks or reducing a Partial.
 
+    Args:
+        layer: how errors name the layer (``MXLinear.layer_name``).
+        x: the input, [..., K].
+        weight: the weight, [N, K].
+        config: the layer's config (its block size, and whether X is cast along M).
+
     Raises:
         TypeError: one of them is a DTensor and the other is not.
         ValueError: a Partial operand, or a shard that splits blocks (the message names
@@ -116,6 +122,11 @@ def linear_layout(
     (X Shard(-1), W Shard(1)) -> Y Partial, dX Shard(-1), dW Shard(1); (X sharded along
     a leading dim, W Replicate) -> Y sharded alike, dX alike, dW Partial; (Replicate,
     Replicate) -> all Replicate. Checked once per shapes, placements and mesh (eager).
+
+    Arguments as :func:`check_placements`.
+
+    Returns:
+        The :class:`LinearLayout` (shared between calls: not to be changed).
 
     Raises:
         TypeError, ValueError: as :func:`check_placements`; ValueError also for a pair of

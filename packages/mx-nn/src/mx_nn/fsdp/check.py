@@ -28,8 +28,14 @@ def check_fsdp_mx(
     ``is_activation_checkpointing``), no MXLinear in the blocks, or a block's MXLinear
     whose rows per dp rank are not whole MX blocks.
 
-    ``mx``: fqn -> block size of every linear that will be an MXLinear; ``tp``: the
-    tensor-parallel degree (1 without TP).
+    Args:
+        model: the model, before any change.
+        model_map: its family's map (None: unmapped).
+        mx: fqn -> block size of every linear that will be an MXLinear.
+        dp_mesh: the "dp" mesh, or None.
+        tp: the tensor-parallel degree (1 without TP).
+        plan: the explicit TP plan, or None.
+        compile: whether the blocks will be compiled.
 
     Raises:
         ValueError: naming the layer, its sizes and the dp degree where it is one.

@@ -16,9 +16,16 @@ __all__ = ["enable_fsdp_mx_all_gather"]
 
 def enable_fsdp_mx_all_gather(module: nn.Module) -> int:
     """Make FSDP2 gather every :class:`mx_nn.MXLinear` weight under ``module`` in MX (see
-    the module doc); returns how many. Call it after tensor parallelism and before
-    ``fully_shard``, which must use ``reshard_after_forward=True`` for the modules
-    holding these layers. State dicts keep plain tensors (DTensors of them).
+    the module doc). Call it after tensor parallelism and before ``fully_shard``, which
+    must use ``reshard_after_forward=True`` for the modules holding these layers. State
+    dicts keep plain tensors (DTensors of them).
+
+    Args:
+        module: the module (a decoder block, or the model) whose MXLinear weights FSDP2
+            will gather in MX; weights made so already are left as they are.
+
+    Returns:
+        How many weights it made so.
 
     Raises:
         ValueError: ``module`` or a module under it is already ``fully_shard``-ed.

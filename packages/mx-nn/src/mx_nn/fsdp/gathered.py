@@ -21,10 +21,16 @@ _E8M0 = torch.float8_e8m0fnu
 
 
 def is_gathered(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` (an MXLinear's, plain or a DTensor) is FSDP's gathered MX cast.
-    False while torch.compile traces, so that compiled code without the MX gathers
-    never reads a DTensor's local tensor (they are eager-only: parallelize refuses
-    compile with them)."""
+    """Whether ``weight`` is FSDP's gathered MX cast. False while torch.compile traces,
+    so that compiled code without the MX gathers never reads a DTensor's local tensor
+    (they are eager-only: parallelize refuses compile with them).
+
+    Args:
+        weight: an MXLinear's weight, plain or a DTensor.
+
+    Returns:
+        True for (a DTensor of) an ``MXGatheredWeight``.
+    """
     if torch.compiler.is_compiling():
         return False
     local = weight._local_tensor if isinstance(weight, DTensor) else weight
@@ -81,7 +87,20 @@ def _like(weight: torch.Tensor, local: torch.Tensor, transposed: bool = False) -
 def rowwise(weight: torch.Tensor, c: MXLinearConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The gathered rowwise cast: codes [N, K] and scales [N, K / bs] (E8M0), as
     ``mx_kernels.quantize_rowwise(weight)`` (DTensors with the weight's placements for
-    a DTensor weight)."""
+    a DTensor weight).
+
+    Args:
+        weight: the MXLinear's weight as FSDP2 gathered it (plain or a DTensor).
+        c: the layer's config.
+
+    Returns:
+        ``(codes, scales)``.
+
+    Raises:
+        RuntimeError: the weight's last gather is not this orientation's cast, or not
+            the config's cast (naming the layer and why).
+        ValueError: a DTensor weight with a placement other than Shard or Replicate.
+    """
     s = _checked(weight, "rowwise", c)._state
     return _like(weight, s.codes.view(s.codes_dtype)), _like(weight, s.scales.view(_E8M0))
 
@@ -97,15 +116,40 @@ def _colwise_local(g: MXGatheredWeight) -> tuple[torch.Tensor, torch.Tensor]:
 def colwise(weight: torch.Tensor, c: MXLinearConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The gathered columnwise cast as ``mx_kernels.quantize_colwise(weight)`` gives it:
     codes [K, N] row-major (one copy from the gathered rank blocks) and scales
-    [K, N / bs] column-major."""
+    [K, N / bs] column-major.
+
+    Args:
+        weight: the MXLinear's weight as FSDP2 gathered it (plain or a DTensor).
+        c: the layer's config.
+
+    Returns:
+        ``(codes, scales)`` (DTensors with swapped placements for a DTensor weight).
+
+    Raises:
+        RuntimeError: the weight's last gather is not this orientation's cast, or not
+            the config's cast (naming the layer and why).
+        ValueError: a DTensor weight with a placement other than Shard or Replicate.
+    """
     codes, scales = _colwise_local(_checked(weight, "colwise", c))
     q = codes.permute(1, 0, 2).reshape(codes.shape[1], -1)
     return _like(weight, q, transposed=True), _like(weight, scales.t(), transposed=True)
 
 
 def rowwise_dequantized(weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
-    """The gathered rowwise cast's values [N, K] in the weight's dtype, as
-    ``mx_kernels.fake_quantize_rowwise(weight)``."""
+    """The gathered rowwise cast's values, as ``mx_kernels.fake_quantize_rowwise(weight)``.
+
+    Args:
+        weight: the MXLinear's weight as FSDP2 gathered it (plain or a DTensor).
+        c: the layer's config.
+
+    Returns:
+        [N, K] in the weight's dtype (a DTensor placed as the weight for a DTensor).
+
+    Raises:
+        RuntimeError: the weight's last gather is not this orientation's cast, or not
+            the config's cast (naming the layer and why).
+        ValueError: a DTensor weight with a placement other than Shard or Replicate.
+    """
     g = _checked(weight, "rowwise", c)
     s = g._state
     values = mx_kernels.dequantize_rowwise(
@@ -118,7 +162,20 @@ def rowwise_dequantized(weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor
 def colwise_dequantized(weight: torch.Tensor, c: MXLinearConfig) -> torch.Tensor:
     """The gathered columnwise cast's values [N, K] in the weight's dtype, as
     ``mx_kernels.fake_quantize_colwise(weight)``: each rank's block decoded along its
-    rows, then one transposing copy."""
+    rows, then one transposing copy.
+
+    Args:
+        weight: the MXLinear's weight as FSDP2 gathered it (plain or a DTensor).
+        c: the layer's config.
+
+    Returns:
+        [N, K] in the weight's dtype (a DTensor placed as the weight for a DTensor).
+
+    Raises:
+        RuntimeError: the weight's last gather is not this orientation's cast, or not
+            the config's cast (naming the layer and why).
+        ValueError: a DTensor weight with a placement other than Shard or Replicate.
+    """
     g = _checked(weight, "colwise", c)
     codes, scales = _colwise_local(g)
     world, k = codes.shape[0], codes.shape[1]

@@ -62,6 +62,9 @@ _SHARDED_KEEP = {
 
 @dataclass
 class ShardState:
+    """What an :class:`MXShardedWeight` and its views share: the layer's name (for
+    errors) and the dtype its last forward gather cast from."""
+
     layer: str
     forward_dtype: torch.dtype | None = None  # the dtype the last forward gather cast from
 
@@ -95,8 +98,15 @@ def _wrapper(cls, shape, dtype, device, strides=None, offset=None) -> torch.Tens
 
 
 def row_chunks(rows: int, world: int) -> list[int]:
-    """Rows per rank of a dim of ``rows`` split over ``world`` ranks as torch.chunk (and
-    FSDP2) split it."""
+    """How torch.chunk (and FSDP2) split a dim over ranks.
+
+    Args:
+        rows: the dim's size.
+        world: the number of ranks.
+
+    Returns:
+        Rows per rank, ``world`` ints (the last ones may be 0).
+    """
     chunk = -(-rows // world)
     return [max(0, min(chunk, rows - r * chunk)) for r in range(world)]
 
@@ -278,6 +288,13 @@ def _to_copy_ok(w: MXGatheredWeight, kwargs: dict) -> bool:
 
 
 def is_sharded(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` is (a DTensor of) an :class:`MXShardedWeight`."""
+    """Whether ``weight`` is FSDP's MX-gathering shard.
+
+    Args:
+        weight: an MXLinear's weight, plain or a DTensor.
+
+    Returns:
+        True for (a DTensor of) an :class:`MXShardedWeight`.
+    """
     local = weight._local_tensor if isinstance(weight, DTensor) else weight
     return isinstance(local, MXShardedWeight)

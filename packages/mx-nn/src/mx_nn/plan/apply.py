@@ -17,7 +17,13 @@ from mx_nn.casts.gathered import enable_gather_handover
 from mx_nn.casts.scopes import add_cast_scope
 from mx_nn.fsdp.enable import enable_fsdp_mx_all_gather
 from mx_nn.linear import MXLinear
-from mx_nn.plan.checks import check_plan_modules, check_ties, check_tp_sizes, expand_plan
+from mx_nn.plan.checks import (
+    check_flags,
+    check_plan_modules,
+    check_ties,
+    check_tp_sizes,
+    expand_plan,
+)
 from mx_nn.plan.families import ModelMap, find_model_map, unmapped_message
 from mx_nn.plan.resolve import model_plan
 
@@ -50,6 +56,7 @@ def apply_tp(
     plan: dict[str, ParallelStyle] | None = None,
     sequence_parallel: bool = True,
     mx_comms: bool = True,
+    include_single_rank: bool = False,
 ) -> nn.Module:
     """Tensor (and sequence) parallelism over the 1-D ``tp_mesh``, in place.
 
@@ -61,27 +68,37 @@ def apply_tp(
     Args:
         model: a model of a family :mod:`mx_nn.plan.families` knows, or any model with
             ``plan``.
-        tp_mesh: a 1-D device mesh; at size 1 nothing is applied (logged).
+        tp_mesh: a 1-D device mesh; at size 1 nothing is applied (logged) unless
+            ``include_single_rank``.
         plan: fqn pattern (``*``: one path component) -> ParallelStyle, used as given.
         sequence_parallel: shard the norms and the residual stream along dim 1 (needs
             the embedding and final norm; without them plain TP runs, logged).
         mx_comms: MX gathers where the linears after them share one MX input cast.
+        include_single_rank: apply the plan at size 1 too: DTensor parameters and
+            activations on one rank, with no communication that moves data. What
+            benchmarks measure the DTensor path's host cost with (``parallelize`` leaves
+            it out: at tp=1 DTensors only add host time per op).
 
     Returns:
         ``model``.
 
     Raises:
         ValueError: an unmapped model without ``plan``, a plan key matching nothing,
-            sizes ``tp`` does not divide, or a tie it cannot keep (all before any change).
-        TypeError: a plan style on a module it cannot shard.
+            sizes ``tp`` does not divide, or a tie it cannot keep (at tp=1 too with
+            ``include_single_rank``; all before any change).
+        TypeError: a plan style on a module it cannot shard; ``include_single_rank`` not
+            a bool.
     """
+    check_flags(include_single_rank=include_single_rank)
     tp = tp_mesh.size()
     model_map = None if plan is not None else find_model_map(model)
     if plan is None and model_map is None:
         raise ValueError(unmapped_message(model))
     explicit = expand_plan(model, plan) if plan is not None else None
     keep_tie = check_ties(model, tp, model_map, explicit is not None)
-    if tp == 1:
+    if tp == 1 and include_single_rank:
+        _check_single_rank_ties(model, model_map if keep_tie else None)
+    if tp == 1 and not include_single_rank:
         # A plan over one rank is the identity; DTensors would only add host time per op
         # (torchtitan leaves a degree-1 TP out as well).
         logger.info("mx_nn.apply_tp: tp=1, tensor parallelism left out (plain tensors)")
@@ -121,6 +138,12 @@ def apply_compile(model: nn.Module) -> nn.Module:
     parallelism, so the graphs trace the DTensor code, and before FSDP2, so its per-block
     all-gather hooks stay outside the graphs.
 
+    Args:
+        model: a model of a family :mod:`mx_nn.plan.families` knows.
+
+    Returns:
+        ``model``.
+
     Raises:
         ValueError: no decoder block found.
     """
@@ -142,6 +165,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, mx_all_gather: bool = F
     (:mod:`mx_nn.fsdp.weight`) and the blocks reshard after forward (backward gathers
     again, the columnwise cast). ``parallelize`` checks what that needs
     (:func:`mx_nn.fsdp.check.check_fsdp_mx`) before it changes anything.
+
+    Args:
+        model: the model, after :func:`apply_tp` and :func:`apply_compile` where they run.
+        dp_mesh: a 1-D device mesh.
+        mx_all_gather: gather the blocks' MXLinear weights as MX casts.
 
     Returns:
         ``model``.
@@ -184,6 +212,24 @@ def _apply_plan(model: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, ParallelS
     for fqn, style in plan.items():
         if isinstance(style, PrepareMXModuleInput):
             add_cast_scope(model.get_submodule(fqn))
+
+
+def _check_single_rank_ties(model: nn.Module, kept: ModelMap | None) -> None:
+    """What ``check_ties`` refuses where tp > 1, for a plan applied at tp=1: the styles
+    make DTensors on one rank too, so they would untie every tie but the head's to the
+    embedding (kept where ``kept`` is the model's map)."""
+    keep = {f"{kept.embedding}.weight", f"{kept.head}.weight"} if kept else set()
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    for group in names.values():
+        if len(group) > 1 and set(group) != keep:
+            raise ValueError(
+                f"apply_tp(include_single_rank=True): model ties "
+                f"{' and '.join(map(repr, group))} (one Parameter), but the plan shards each "
+                f"module's parameters into a DTensor of its own, which would untie them; "
+                f"untie them first or leave include_single_rank off"
+            )
 
 
 def _sequence_check(fqn: str, tp: int):
