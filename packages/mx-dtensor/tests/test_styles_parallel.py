@@ -124,7 +124,8 @@ def _worker(rank: int, world: int) -> dict:
     # The same cast given as one CastSettings or as its four keywords: the same run.
     settings = {"fmt": "fp8_e4m3", "block_size": 32, "scale_mode": "rceil", "backend": "auto"}
     by_cast = MXColwiseParallel(**kw, cast=CastSettings(**settings))
-    by_keywords = MXColwiseParallel(**kw, **settings)
+    with pytest.warns(FutureWarning, match=r"^MXColwiseParallel\(fmt=..., block_size=..."):
+        by_keywords = MXColwiseParallel(**kw, **settings)
 
     # parallelize_module itself sets each style's src_data_rank; the style sets nothing.
     def fields(style):
@@ -198,7 +199,8 @@ def _worker(rank: int, world: int) -> dict:
     out["colwise in_features"] = _error(apply(MXColwiseParallel(), nn.Linear(48, N)))
     out["rowwise in_features"] = _error(apply(MXRowwiseParallel(), nn.Linear(96, N)))
     out["rowwise embedding"] = _error(apply(MXRowwiseParallel(), nn.Embedding(64, 64)))
-    out["colwise block_size=64"] = _error(apply(MXColwiseParallel(block_size=64), linear))
+    bs64 = MXColwiseParallel(cast=CastSettings(block_size=64))
+    out["colwise block_size=64"] = _error(apply(bs64, linear))
     out["reprs"] = [
         repr(MXColwiseParallel(input_layouts=Shard(1))),
         repr(MXRowwiseParallel(output_layouts=Shard(1))),

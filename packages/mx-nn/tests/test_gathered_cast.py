@@ -5,6 +5,8 @@ both compute paths (2 gloo ranks)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -47,18 +49,17 @@ def _worker(rank: int, world: int) -> dict:
     out = {}
     for path in ("mx", "fake_quant"):
         config = mx_nn.MXLinearConfig.from_recipe("mxfp8", compute_path=path)
-        c = config
-        cast = {"fmt": c.input_fmt, "block_size": c.block_size, "scale_mode": c.scale_mode_name,
-                "backend": c.cast_backend}  # fmt: skip
+        cast = config.input_cast
+        other = dataclasses.replace(cast, fmt="fp8_e5m2")
         gathers = {
             "bf16": PrepareModuleInput(**layouts),
-            "mx": PrepareMXModuleInput(**layouts, **cast),
-            "mx, another cast": PrepareMXModuleInput(**layouts, **{**cast, "fmt": "fp8_e5m2"}),
+            "mx": PrepareMXModuleInput(**layouts, cast=cast),
+            "mx, another cast": PrepareMXModuleInput(**layouts, cast=other),
         }
         for name, gather in gathers.items():
             torch.manual_seed(0)
             model = mx_nn.convert(QKV().to(torch.bfloat16), config)
-            plan = {p: MXColwiseParallel(**cast) for p in ("q", "k", "v")}
+            plan = {p: MXColwiseParallel(cast=cast) for p in ("q", "k", "v")}
             parallelize_module(model, mesh, gather)
             parallelize_module(model, mesh, plan)
             leaf = x.detach().clone().requires_grad_()

@@ -95,9 +95,17 @@ def mx_all_gather(
     size. Backward: reduce-scatter of the gradient along ``dim`` in its dtype.
 
     Args:
+        x: this rank's shard [..., K], fp32/bf16/fp16 (a plain tensor).
+        mesh: the 1-D mesh to gather over.
+        dim: the dim to gather along (negative counts from the end).
         cast: the rowwise cast (default ``CastSettings()``: fp8_e4m3, 32, rceil, auto).
-        fmt, block_size, scale_mode, backend: the same given one by one (kept for one
-            release; not together with ``cast``).
+        fmt, block_size, scale_mode, backend: the same given one by one, deprecated
+            (a FutureWarning; not together with ``cast``).
+
+    Returns:
+        The gathered tensor, ``x``'s shape with ``dim`` times the mesh size, in x's
+        dtype (the decoded cast: MX-rounded values).
+
     Raises:
         TypeError: ``cast`` and any of the four keywords both given.
         ValueError: ``dim`` is the last dim, or ``mesh`` is not 1-D.
@@ -117,7 +125,7 @@ def _gather_dim(x: torch.Tensor, mesh: DeviceMesh, dim: int) -> int:
     return dim
 
 
-@add_cast_fields  # fmt, block_size, scale_mode, backend: kept for one release
+@add_cast_fields  # fmt, block_size, scale_mode, backend read back from cast
 class GatheredCast(NamedTuple):
     """An MX gather of the styles, as :func:`register_gather_hook`'s hooks see it."""
 
@@ -140,8 +148,13 @@ def register_gather_hook(hook: Callable[[GatheredCast], None]) -> RemovableHandl
 
     For layers that keep the casts of their inputs (``mx_nn`` hands the gathered cast
     to its linears this way, so they skip recasting the decoded values along the same
-    blocks, which would give them back unchanged). Returns a handle whose ``remove()``
-    unregisters it.
+    blocks, which would give them back unchanged).
+
+    Args:
+        hook: called with each gather's :class:`GatheredCast`; its return is ignored.
+
+    Returns:
+        A handle whose ``remove()`` unregisters it.
     """
     handle = RemovableHandle(_HOOKS)
     _HOOKS[handle.id] = hook
@@ -163,8 +176,20 @@ def gather_replicated(
     """What the MX styles make of a ``Shard(dim) -> Replicate()`` redistribution: ``x``
     (this rank's shard, or a DTensor ``Shard(dim)``) gathered by :func:`mx_all_gather`
     into a ``Replicate()`` DTensor whose gradient is taken as a partial sum (a columnwise
-    linear's dX) and reduce-scattered once. ``cast`` (or, for one more release, the
-    four keywords it replaces) is the rowwise cast; ``who`` names the caller in errors.
+    linear's dX) and reduce-scattered once.
+
+    Args:
+        x: this rank's shard [..., K], or a DTensor ``Shard(dim)`` of equal shards.
+        mesh: the 1-D mesh to gather over.
+        dim: the sharded dim (not the last one).
+        cast: the rowwise cast (default ``CastSettings()``).
+        fmt, block_size, scale_mode, backend: the same given one by one, deprecated
+            (a FutureWarning; not together with ``cast``).
+        who: the caller's name in warnings and errors.
+
+    Returns:
+        A ``Replicate()`` DTensor of the decoded gathered values, x's dtype (under
+        autocast, the autocast dtype).
 
     Raises:
         TypeError: ``cast`` and any of the four keywords both given.

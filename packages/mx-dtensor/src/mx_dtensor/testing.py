@@ -45,10 +45,18 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, results)
 
 def spawn(fn: Callable, world: int, *args) -> list:
     """Run ``fn(rank, world, *args)`` in ``world`` spawned processes that share a gloo
-    process group; return each rank's (picklable) return value, in rank order.
+    process group (on 127.0.0.1, a free port, a 300 s collective timeout).
 
-    ``fn`` must be a module-level function. An exception on any rank is raised here as
-    an AssertionError carrying that rank's traceback.
+    Args:
+        fn: a module-level function (the spawned processes import it by name).
+        world: the number of ranks.
+        *args: passed to ``fn`` after rank and world; picklable.
+
+    Returns:
+        Each rank's (picklable) return value, in rank order.
+
+    Raises:
+        AssertionError: an exception on a rank (the first such rank's traceback).
     """
     manager = mp.get_context("spawn").Manager()
     results = manager.dict()
@@ -65,7 +73,16 @@ def spawn(fn: Callable, world: int, *args) -> list:
 
 
 def local_slice(full: torch.Tensor, mesh, placements: Sequence[Placement]) -> torch.Tensor:
-    """This rank's shard of ``full`` under ``placements`` (Shard and Replicate; a view)."""
+    """This rank's shard of ``full`` under ``placements``.
+
+    Args:
+        full: the whole tensor, as every rank holds it.
+        mesh: the device mesh.
+        placements: Shard and Replicate placements, one per mesh dim.
+
+    Returns:
+        A view of ``full``: this rank's local shard.
+    """
     shape, offset = compute_local_shape_and_global_offset(full.shape, mesh, placements)
     out = full
     for d, (n, o) in enumerate(zip(shape, offset, strict=True)):
@@ -76,9 +93,18 @@ def local_slice(full: torch.Tensor, mesh, placements: Sequence[Placement]) -> to
 def from_full(
     full: torch.Tensor, mesh, placements: Sequence[Placement], *, requires_grad: bool = False
 ) -> DTensor:
-    """A DTensor of ``full`` (held whole by every rank) under Shard/Replicate
-    ``placements``, built from this rank's slice: no communication, any dtype (gloo
-    refuses float8), uneven shards allowed. ``requires_grad``: a leaf DTensor."""
+    """A DTensor of ``full`` under ``placements``, built from this rank's slice: no
+    communication, any dtype (gloo refuses float8), uneven shards allowed.
+
+    Args:
+        full: the whole tensor, as every rank holds it.
+        mesh: the device mesh.
+        placements: Shard and Replicate placements, one per mesh dim.
+        requires_grad: make it a leaf DTensor that requires grad.
+
+    Returns:
+        The DTensor (its local tensor a copy of this rank's slice).
+    """
     local = local_slice(full, mesh, placements).clone()
     dt = DTensor.from_local(
         local, mesh, placements, run_check=False, shape=full.shape, stride=full.stride()

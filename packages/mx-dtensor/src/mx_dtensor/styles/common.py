@@ -25,13 +25,26 @@ _LOGGED: set[tuple[str, str]] = set()
 
 
 def is_last_dim(dim: int, ndim: int) -> bool:
-    """Whether ``dim`` (negative allowed) is the last of ``ndim``: the blocked one."""
+    """Whether ``dim`` is the last of ``ndim`` dims: the blocked one.
+
+    Args:
+        dim: a dim, negative counting from the end.
+        ndim: the tensor's number of dims.
+
+    Returns:
+        True for the last dim.
+    """
     return dim % ndim == ndim - 1
 
 
 def log_once(style: str, layout: Placement) -> None:
     """Log, once per style and layout, that a gather of that layout runs in high
-    precision (the rowwise MX blocks run along the last dim, which it gathers)."""
+    precision (the rowwise MX blocks run along the last dim, which it gathers).
+
+    Args:
+        style: the style's name.
+        layout: the input layout gathered in high precision.
+    """
     key = (style, repr(layout))
     if key not in _LOGGED:
         _LOGGED.add(key)
@@ -43,8 +56,14 @@ def log_once(style: str, layout: Placement) -> None:
 
 
 def module_name(module: nn.Module) -> str:
-    """How errors name ``module``: its type, its ``fqn`` if it has one, and for a linear
-    its features."""
+    """How errors name ``module``.
+
+    Args:
+        module: any module.
+
+    Returns:
+        Its type, its ``fqn`` if it has one, and for a 2-D weight its features.
+    """
     fqn = getattr(module, "fqn", None)
     name = type(module).__name__ + (f" {fqn!r}" if isinstance(fqn, str) and fqn else "")
     weight = getattr(module, "weight", None)
@@ -57,6 +76,13 @@ def check_linear(style: str, module: nn.Module, mesh: DeviceMesh, split: int, bs
     """Refuse a module that ``style`` cannot shard along weight dim ``split`` (0: the
     out_features, colwise; 1: the in_features, rowwise) over ``mesh`` into whole MX
     blocks of ``bs``: each rank's share of either dim a multiple of ``bs``.
+
+    Args:
+        style: the style's name, for messages.
+        module: the module the style is applied to.
+        mesh: the 1-D mesh it shards over.
+        split: the weight dim it splits (0 or 1).
+        bs: the MX block size.
 
     Raises:
         NotImplementedError: not an ``nn.Linear`` (an embedding is not MX: use PyTorch's
@@ -87,6 +113,14 @@ def check_tokens(
     """Refuse a sequence shard whose tokens per rank along ``seq_dim`` are not a multiple
     of ``bs`` (shapes only: nothing is communicated). ``x``: this rank's shard, or a
     DTensor about to be sharded along ``seq_dim``; anything else is left to the style.
+
+    Args:
+        style: the style's name, for messages.
+        module: the module whose input ``x`` is, for messages.
+        x: the input.
+        seq_dim: the sequence dim, negative counting from the end.
+        bs: the MX block size.
+        mesh: the 1-D mesh the sequence is sharded over.
 
     Raises:
         ValueError: naming ``module``, the sizes and the padding that fixes them.

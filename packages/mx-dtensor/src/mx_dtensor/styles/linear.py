@@ -64,8 +64,9 @@ class MXColwiseParallel(CastFields, ColwiseParallel):
         cast: the linear's input cast (default ``CastSettings()``: fp8_e4m3, 32, rceil,
             auto), so the gather changes none of its forward values; its ``block_size``
             is the one the weight's shards must hold whole.
-        fmt, block_size, scale_mode, backend: the same given one by one (kept for one
-            release; not together with ``cast``). Read back as attributes, as ever.
+        fmt, block_size, scale_mode, backend: the same given one by one, deprecated
+            (a FutureWarning; not together with ``cast``). Read back as attributes, as
+            ever.
 
     Raises:
         TypeError: ``cast`` and any of the four keywords both given.

@@ -21,9 +21,10 @@ class PrepareMXModuleInput(CastFields, PrepareModuleInput):
 
     Same arguments as ``PrepareModuleInput``, plus ``cast``, the MX cast of the gathered
     input (default ``CastSettings()``: fp8_e4m3, 32, rceil, auto; use the consuming
-    linears' input cast, so the gather changes none of their forward values), or, kept
-    for one release, its four settings given one by one (``fmt``, ``block_size``,
-    ``scale_mode``, ``backend``; not together with ``cast``). The gathered inputs stay
+    linears' input cast, so the gather changes none of their forward values), or,
+    deprecated (a FutureWarning), its four settings given one by one (``fmt``,
+    ``block_size``, ``scale_mode``, ``backend``; not together with ``cast``; still read
+    back as attributes). The gathered inputs stay
     DTensors (``use_local_output=False`` only): a plain local tensor would lose whether
     its gradient is a partial sum, which the gather's reduce-scatter relies on.
 
