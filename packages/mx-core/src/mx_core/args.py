@@ -10,6 +10,15 @@ __all__ = ["check_dim", "check_int"]
 def check_int(fn: str, name: str, value: object, *, minimum: int | None = None) -> int:
     """Return ``value`` if it is an int (not a bool) of at least ``minimum``.
 
+    Args:
+        fn: the calling function's name, for messages.
+        name: the argument's name, for messages.
+        value: the value to check.
+        minimum: the smallest value allowed (None: any int).
+
+    Returns:
+        ``value``.
+
     Raises:
         TypeError: not an int, or a bool; the message names ``fn`` and ``name``.
         ValueError: below ``minimum``.
@@ -23,6 +32,15 @@ def check_int(fn: str, name: str, value: object, *, minimum: int | None = None) 
 
 def check_dim(fn: str, name: str, dim: object, ndim: int) -> int:
     """``dim`` (an int in [-ndim, ndim)) made non-negative.
+
+    Args:
+        fn: the calling function's name, for messages.
+        name: the argument's name, for messages.
+        dim: the dim to check, negative counting from the end.
+        ndim: the tensor's number of dims.
+
+    Returns:
+        ``dim`` in [0, ndim).
 
     Raises:
         TypeError: not an int, or a bool.

@@ -25,7 +25,15 @@ def _pow2(e: torch.Tensor) -> torch.Tensor:
 
 
 def round_to_format(scaled: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
-    """Round fp32 values onto ``fmt``'s grid (nearest, ties to even, saturating); fp32 out."""
+    """Round fp32 values onto ``fmt``'s grid (nearest, ties to even, saturating).
+
+    Args:
+        scaled: values already divided by their block scale, any shape.
+        fmt: the element format.
+
+    Returns:
+        fp32 values of ``fmt``'s grid, ``scaled``'s shape.
+    """
     magnitude = scaled.abs().clamp(max=fmt.max_normal)
     # Subnormals share the smallest normal binade's spacing, 2^(emin - mbits).
     exponent = _floor_log2(magnitude).clamp(min=fmt.emin)
@@ -35,10 +43,15 @@ def round_to_format(scaled: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
 
 
 def encode(scaled: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
-    """Element codes of fp32 ``scaled`` values, same shape.
+    """Element codes of ``scaled`` values (rounded as :func:`round_to_format`).
 
-    Returns ``fmt.storage_dtype``: float8 for fp8 formats, else uint8 codes (one per
-    byte, unpacked; sign in bit ``bits - 1``).
+    Args:
+        scaled: values already divided by their block scale, any shape and float dtype.
+        fmt: the element format.
+
+    Returns:
+        ``scaled``'s shape in ``fmt.storage_dtype``: float8 for fp8 formats, else uint8
+        codes (one per byte, unpacked; sign in bit ``bits - 1``).
     """
     scaled = scaled.to(torch.float32)
     if fmt.is_fp8:
@@ -61,7 +74,15 @@ def encode(scaled: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
 
 
 def decode(codes: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
-    """fp32 values of element codes (float8 or unpacked uint8 codes), same shape."""
+    """The values of element codes.
+
+    Args:
+        codes: float8 (fp8 formats) or unpacked uint8 codes, any shape.
+        fmt: their element format.
+
+    Returns:
+        fp32 values, ``codes``' shape.
+    """
     if fmt.is_fp8:
         return codes.to(torch.float32)
     table = fmt.code_values.to(codes.device)

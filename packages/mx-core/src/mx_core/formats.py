@@ -189,6 +189,13 @@ FORMAT_NAMES: tuple[str, ...] = tuple(_FORMATS)
 def get_format(fmt: str | ElementFormat, *, arg: str = "fmt") -> ElementFormat:
     """Look a format up by name (an :class:`ElementFormat` passes through).
 
+    Args:
+        fmt: a name of :data:`FORMAT_NAMES` (``"fp8_e4m3"``, ...) or an ElementFormat.
+        arg: the argument's name in messages.
+
+    Returns:
+        The :class:`ElementFormat`.
+
     Raises:
         ValueError: unknown name; the message names ``arg`` and the allowed names.
         TypeError: neither a string nor an ElementFormat.

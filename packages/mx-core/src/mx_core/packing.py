@@ -41,6 +41,13 @@ def _check_code_values(codes: torch.Tensor, bits: int, what: str) -> None:
 def pack_fp4(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Pack uint8 fp4 codes (values 0..15) two per byte along ``dim`` (size halves).
 
+    Args:
+        codes: uint8 codes, one per byte; ``dim`` of even size.
+        dim: the dim to pack along.
+
+    Returns:
+        uint8, ``codes``' shape with ``dim`` halved (first element in the low nibble).
+
     Raises:
         TypeError: codes not a uint8 tensor, or dim not an int.
         ValueError: dim out of range, its size odd, or a code above 15.
@@ -59,7 +66,19 @@ def _pack_fp4_unchecked(codes: torch.Tensor, d: int) -> torch.Tensor:
 
 
 def unpack_fp4(packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Inverse of :func:`pack_fp4`: uint8 codes with ``dim`` doubled."""
+    """Inverse of :func:`pack_fp4`.
+
+    Args:
+        packed: uint8, two codes a byte along ``dim``.
+        dim: the dim they are packed along.
+
+    Returns:
+        uint8 codes (0..15), ``packed``'s shape with ``dim`` doubled.
+
+    Raises:
+        TypeError: packed not a uint8 tensor, or dim not an int.
+        ValueError: dim out of range.
+    """
     d = _check_codes(packed, dim, 1, "unpack_fp4")
     low = torch.bitwise_and(packed, 0xF)
     high = torch.bitwise_right_shift(packed, 4)
@@ -67,7 +86,14 @@ def unpack_fp4(packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def pack_fp6(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Pack uint8 fp6 codes (values 0..63) four in three bytes along ``dim`` (size * 3/4).
+    """Pack uint8 fp6 codes (values 0..63) four in three bytes along ``dim``.
+
+    Args:
+        codes: uint8 codes, one per byte; ``dim`` a multiple of 4.
+        dim: the dim to pack along.
+
+    Returns:
+        uint8, ``codes``' shape with ``dim`` times 3/4 (little-endian, module doc).
 
     Raises:
         TypeError: codes not a uint8 tensor, or dim not an int.
@@ -84,7 +110,19 @@ def pack_fp6(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def unpack_fp6(packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Inverse of :func:`pack_fp6`: uint8 codes with ``dim`` * 4/3."""
+    """Inverse of :func:`pack_fp6`.
+
+    Args:
+        packed: uint8, four codes in three bytes along ``dim``.
+        dim: the dim they are packed along.
+
+    Returns:
+        uint8 codes (0..63), ``packed``'s shape with ``dim`` times 4/3.
+
+    Raises:
+        TypeError: packed not a uint8 tensor, or dim not an int.
+        ValueError: dim out of range, or its size not a multiple of 3.
+    """
     d = _check_codes(packed, dim, 3, "unpack_fp6")
     b = packed.unflatten(d, (packed.shape[d] // 3, 3)).to(torch.int32)
     w = b.select(d + 1, 0)
@@ -95,7 +133,17 @@ def unpack_fp6(packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def as_float4_x2(packed: torch.Tensor) -> torch.Tensor:
-    """View packed fp4 bytes as ``torch.float4_e2m1fn_x2`` (same bytes, no copy)."""
+    """View packed fp4 bytes as ``torch.float4_e2m1fn_x2`` (same bytes, no copy).
+
+    Args:
+        packed: uint8 bytes of :func:`pack_fp4`, any shape.
+
+    Returns:
+        The same storage as ``torch.float4_e2m1fn_x2``, ``packed``'s shape.
+
+    Raises:
+        TypeError: packed not uint8.
+    """
     if packed.dtype != torch.uint8:
         raise TypeError(f"as_float4_x2: packed must be uint8, got {packed.dtype}")
     return packed.view(torch.float4_e2m1fn_x2)

@@ -21,7 +21,16 @@ INPUT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.fl
 
 
 def check_quantize_args(x: torch.Tensor, block_size: int, dim: int, *, fn: str = "quantize") -> int:
-    """Validate a quantize call's tensor, block size and dim; return dim made non-negative.
+    """Validate a quantize call's tensor, block size and dim.
+
+    Args:
+        x: the tensor to quantize.
+        block_size: elements per scale.
+        dim: the blocked dim, negative counting from the end.
+        fn: the caller's name in messages.
+
+    Returns:
+        ``dim`` made non-negative.
 
     Raises:
         TypeError: ``x`` is not a tensor of an allowed dtype, or ``block_size`` not an int.
@@ -119,7 +128,18 @@ def _fill_nonfinite_blocks(
 
 
 def dequantize(t: MXTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Decode an :class:`MXTensor` (same as ``t.dequantize(dtype)``)."""
+    """Decode an :class:`MXTensor` (same as ``t.dequantize(dtype)``).
+
+    Args:
+        t: the MX tensor.
+        dtype: the output dtype (None: ``t.orig_dtype``).
+
+    Returns:
+        The decoded values, ``t``'s logical shape.
+
+    Raises:
+        TypeError: ``t`` not an MXTensor.
+    """
     if not isinstance(t, MXTensor):
         raise TypeError(f"dequantize: t must be an MXTensor, got {type(t).__name__}")
     return t.dequantize(dtype)

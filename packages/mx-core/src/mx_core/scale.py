@@ -86,7 +86,14 @@ class ScaleMode(Choice, noun="a scale mode", arg="scale_mode"):
 
 
 def get_scale_mode(mode: str | ScaleMode, *, arg: str = "scale_mode") -> ScaleMode:
-    """Parse a scale mode by name.
+    """Parse a scale mode by name (a :class:`ScaleMode` passes through).
+
+    Args:
+        mode: ``"floor"``, ``"ceil"``, ``"even"``, ``"rceil"`` or a ScaleMode.
+        arg: the argument's name in messages.
+
+    Returns:
+        The :class:`ScaleMode`.
 
     Raises:
         ValueError: unknown name; the message names ``arg`` and the allowed names.
@@ -104,6 +111,12 @@ def top_exponent(dtype: torch.dtype) -> int:
     """``T``, the exponent of the largest power of two of ``dtype`` that the scale math
     keeps blocks under (see the module doc): 127 for fp32 and bf16, 15 for fp16; at
     most 127, since amax is read as fp32.
+
+    Args:
+        dtype: the input's floating-point dtype.
+
+    Returns:
+        ``T``, an int.
 
     Raises:
         TypeError: ``dtype`` is not a floating-point dtype.
@@ -153,9 +166,14 @@ def scale_exponent(
 
 
 def exponent_to_e8m0(e: torch.Tensor, nan_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """E8M0 scale tensor (``torch.float8_e8m0fnu``) from unbiased exponents in [-127, 127].
+    """E8M0 scales from unbiased exponents.
 
-    ``nan_mask`` (bool, broadcastable) marks blocks whose scale is NaN (byte 255).
+    Args:
+        e: int exponents in [-127, 127], any shape.
+        nan_mask: bool, broadcastable to ``e``: blocks whose scale is NaN (byte 255).
+
+    Returns:
+        ``torch.float8_e8m0fnu`` of ``e``'s shape (byte ``e + 127``).
     """
     byte = (e + E8M0_BIAS).to(torch.uint8)
     if nan_mask is not None:
@@ -164,12 +182,26 @@ def exponent_to_e8m0(e: torch.Tensor, nan_mask: torch.Tensor | None = None) -> t
 
 
 def e8m0_to_exponent(scale: torch.Tensor) -> torch.Tensor:
-    """Unbiased exponent (int32) of each E8M0 byte; NaN bytes give 128."""
+    """Unbiased exponent of each E8M0 byte.
+
+    Args:
+        scale: E8M0 (or uint8) scales, any shape.
+
+    Returns:
+        int32 of ``scale``'s shape, byte - 127 (NaN bytes give 128).
+    """
     return scale.view(torch.uint8).to(torch.int32) - E8M0_BIAS
 
 
 def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
-    """fp32 value 2^e of each E8M0 byte (byte 0 is the fp32 subnormal 2^-127; 255 is NaN)."""
+    """The value 2^e of each E8M0 byte.
+
+    Args:
+        scale: E8M0 (or uint8) scales, any shape.
+
+    Returns:
+        fp32 of ``scale``'s shape (byte 0 is the fp32 subnormal 2^-127; 255 is NaN).
+    """
     byte = scale.view(torch.uint8).to(torch.int32)
     # 2^(byte-127) built from fp32 bits: normal for byte >= 1, 2^-127 = bit 22 for byte 0.
     bits = torch.where(

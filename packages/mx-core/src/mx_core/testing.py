@@ -290,7 +290,14 @@ SEMANTIC_CASES: tuple[SemanticCase, ...] = tuple(_with_other_dtypes(_CASES))
 
 
 def semantic_block(case: SemanticCase) -> torch.Tensor:
-    """The case's input block, shape [32], dtype ``case.dtype``."""
+    """The case's input block: element 0 is ``case.value``, the others smaller.
+
+    Args:
+        case: one of :data:`SEMANTIC_CASES`.
+
+    Returns:
+        [32] in ``case.dtype``.
+    """
     c = torch.tensor([((k * 7) % 31 - 15) / 16 for k in range(1, BLOCK)], dtype=torch.float64)
     v = case.value
     if v == 0:
@@ -304,7 +311,15 @@ def semantic_block(case: SemanticCase) -> torch.Tensor:
 
 
 def semantic_inputs(fmt: str, dtype: torch.dtype) -> torch.Tensor:
-    """All of ``fmt``'s cases in ``dtype`` stacked as rows: shape [n_cases, 32]."""
+    """All of ``fmt``'s cases in ``dtype`` stacked as rows.
+
+    Args:
+        fmt: an element format name.
+        dtype: the input dtype of the cases taken.
+
+    Returns:
+        [n_cases, 32] in ``dtype`` (n_cases may be 0).
+    """
     rows = [semantic_block(c) for c in SEMANTIC_CASES if c.fmt == fmt and c.dtype == dtype]
     if not rows:
         return torch.empty(0, BLOCK, dtype=dtype)
@@ -313,7 +328,15 @@ def semantic_inputs(fmt: str, dtype: torch.dtype) -> torch.Tensor:
 
 def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
     """Assert equal dtype, shape and bit patterns (signed zeros included), except that
-    NaNs only need to be NaN: their payloads may differ between implementations."""
+    NaNs only need to be NaN: their payloads may differ between implementations.
+
+    Args:
+        got: the tensor under test.
+        want: the expected tensor.
+
+    Raises:
+        AssertionError: they differ.
+    """
     assert got.dtype == want.dtype and got.shape == want.shape
     assert torch.equal(got.isnan(), want.isnan())
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
@@ -322,7 +345,15 @@ def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio in dB: 20 log10(||ref|| / ||ref - approx||)."""
+    """Signal-to-quantization-noise ratio in dB: 20 log10(||ref|| / ||ref - approx||).
+
+    Args:
+        reference: the exact values.
+        approx: their approximation, same shape.
+
+    Returns:
+        dB as a float (``math.inf`` where they are equal).
+    """
     ref = reference.double()
     noise = (ref - approx.double()).norm()
     if noise == 0:
@@ -342,10 +373,23 @@ _ORACLE_FORMATS = {  # name: (emax, mbits, max_normal, ml_dtypes name)
 
 
 def oracle_quantize(x: torch.Tensor, fmt: str, block_size: int, dim: int, scale_mode: str):
-    """Reference of the reference: returns (codes, scale_bytes) as numpy uint8 arrays.
+    """Reference of the reference, in numpy float64 (needs numpy and ml_dtypes).
 
-    ``codes`` has x's shape (one code per element, fp4 unpacked); ``scale_bytes`` has
-    x's shape with ``dim`` divided by ``block_size``. Needs numpy and ml_dtypes.
+    Args:
+        x: the input, any float dtype; blocks along ``dim``.
+        fmt: an element format name.
+        block_size: elements per scale, dividing ``x.shape[dim]``.
+        dim: the blocked dim.
+        scale_mode: ``"floor"``, ``"ceil"``, ``"even"`` or ``"rceil"``.
+
+    Returns:
+        ``(codes, scale_bytes)``, numpy uint8 arrays: ``codes`` of x's shape (one code
+        per element, fp4 unpacked), ``scale_bytes`` of x's shape with ``dim`` divided by
+        ``block_size``.
+
+    Raises:
+        KeyError: an unknown ``fmt``.
+        ValueError: an unknown ``scale_mode``.
     """
     import ml_dtypes
     import numpy as np
@@ -370,7 +414,9 @@ def oracle_quantize(x: torch.Tensor, fmt: str, block_size: int, dim: int, scale_
             carry = np.round(m * steps) == steps  # np.round: ties to even
             e = ex - 1 + carry - emax
         else:
-            raise ValueError(scale_mode)
+            raise ValueError(
+                f"oracle_quantize: scale_mode={scale_mode!r}; allowed floor, ceil, rceil, even"
+            )
         # At the top of x's dtype (2^127, fp16 2^15): amax rounded to mbits bits must stay
         # below twice that, or the block takes the floor exponent (mx_core.scale).
         top = 15 if x.dtype == torch.float16 else 127

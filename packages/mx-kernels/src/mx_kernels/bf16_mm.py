@@ -16,7 +16,16 @@ __all__ = ["bf16_gemm"]
 def bf16_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """``a @ b`` as the ``dequant_bf16`` design multiplies: operands in bf16 (exact for
     MX-valued inputs), fp32 accumulation, one rounding to ``out_dtype``; cuBLAS on CUDA,
-    an fp32 matmul elsewhere. a [M, K], b [K, N], any strides; returns [M, N]."""
+    an fp32 matmul elsewhere.
+
+    Args:
+        a: [M, K], any float dtype and strides (cast to bf16 first where it is not).
+        b: [K, N], likewise.
+        out_dtype: the result's dtype.
+
+    Returns:
+        [M, N] in ``out_dtype``.
+    """
     # torch.mm, not ``@``: torch.matmul's dispatch in front of the same GEMM took 81
     # against 18 us of host time per call for bf16 on CPU (torch 2.13), and the layers
     # call this three times a step (BENCHMARKS.md, 2026-12-05 'TP layer: where the step

@@ -120,6 +120,8 @@ def fake_quantize_rowwise(
     Returns:
         [..., K] contiguous, x's dtype; equal to
         ``mx_core.quantize(x, fmt, dim=-1, ...).dequantize(x.dtype)``.
+    Raises:
+        TypeError, ValueError: bad arguments (the message names the argument).
     """
     op = _overload(FAKE_QUANTIZE_ROWWISE, inline, "fake_quantize_rowwise")
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
@@ -139,8 +141,13 @@ def fake_quantize_colwise(
 ) -> torch.Tensor:
     """x [M, K]'s values after an MX cast with blocks along M, in x's dtype and layout.
 
+    Arguments as :func:`fake_quantize_rowwise`, with x 2-D and M divisible by
+    ``block_size``.
+
     Returns:
         [M, K] contiguous; equal to ``mx_core.quantize(x, fmt, dim=0, ...).dequantize(x.dtype)``.
+    Raises:
+        TypeError, ValueError: bad arguments (the message names the argument).
     """
     op = _overload(FAKE_QUANTIZE_COLWISE, inline, "fake_quantize_colwise")
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
@@ -159,7 +166,16 @@ def fake_quantize_both(
     inline: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fake_quantize_rowwise` and :func:`fake_quantize_colwise` of a 2-D x [M, K]
-    from one read of x. Returns ``(rowwise [M, K], colwise [M, K])``."""
+    from one read of x.
+
+    Arguments as :func:`fake_quantize_rowwise`, with x 2-D and M and K divisible by
+    ``block_size``.
+
+    Returns:
+        ``(rowwise, colwise)``, both [M, K] contiguous in x's dtype.
+    Raises:
+        TypeError, ValueError: bad arguments (the message names the argument).
+    """
     op = _overload(FAKE_QUANTIZE_BOTH, inline, "fake_quantize_both")
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
         return plan_for("fake_quantize_both", True, x, fmt, block_size, scale_mode, backend)(x)

@@ -44,8 +44,13 @@ _WHY = "inline: launched by torch.compile's generated code"
 
 
 def register_inline(op: torch._ops.OpOverload, name: str) -> None:
-    """Replace ``op`` (the inline overload of fake-quantize op ``name``) by its kernel
-    launch while AOTAutograd functionalizes a graph (see the module doc)."""
+    """Replace ``op`` by its kernel launch while AOTAutograd functionalizes a graph (see
+    the module doc).
+
+    Args:
+        op: the inline overload of a fake-quantize op.
+        name: that op's name (``"fake_quantize_rowwise"``, ...).
+    """
     from torch._subclasses.functional_tensor import FunctionalTensorMode
 
     def decompose(mode, func, types, args, kwargs):

@@ -33,8 +33,15 @@ __all__ = ["KernelLauncher", "PreparedLaunch", "current_stream", "specialization
 
 
 def specialization_key(args: Sequence, tensors: int) -> tuple:
-    """The cache key of runtime ``args`` whose first ``tensors`` are tensors and the
-    rest ints: (dtype, data_ptr mod 16) per tensor, then the ints themselves."""
+    """The cache key of a launch's runtime arguments.
+
+    Args:
+        args: the runtime arguments, ``tensors`` tensors first, then ints.
+        tensors: how many of them are tensors.
+
+    Returns:
+        (dtype, data_ptr mod 16) per tensor, then the ints themselves, as one tuple.
+    """
     return (*[(a.dtype, a.data_ptr() & 15) for a in args[:tensors]], *args[tensors:])
 
 
@@ -190,7 +197,11 @@ def _bind_current_stream() -> int:
     ``get_current_stream(get_current_device())``), without ``torch.cuda.current_device``'s
     Python lazy-init check: a launch reaches here only after a CUDA tensor exists. Binds
     :data:`current_stream` to the getter it builds, so that only the first call imports
-    and looks up."""
+    and looks up.
+
+    Returns:
+        The stream's handle, an int.
+    """
     global current_stream
     from triton.runtime import driver
 
@@ -199,6 +210,11 @@ def _bind_current_stream() -> int:
     get_stream = active.get_current_stream
 
     def stream() -> int:
+        """The current CUDA stream's handle, as Triton's JIT launches on it.
+
+        Returns:
+            The stream's handle, an int.
+        """
         return get_stream(device())
 
     current_stream = stream

@@ -32,8 +32,17 @@ _LIB = torch.library.Library("mx", "FRAGMENT")
 
 def define_op(schema: str, impl: Callable, fake: Callable) -> torch._ops.OpOverload:
     """Define ``mx::<schema>`` with ``impl`` for every backend and ``fake`` for meta
-    and fake tensors; returns ``torch.ops.mx.<name>.<overload>`` (``default`` where the
-    schema's name has no ``.overload``)."""
+    and fake tensors.
+
+    Args:
+        schema: the op's schema without the namespace (``"name.overload(...) -> ..."``).
+        impl: the op's body, one function for every backend.
+        fake: the op's meta/fake function: output shapes and dtypes only.
+
+    Returns:
+        ``torch.ops.mx.<name>.<overload>`` (``default`` where the schema's name has no
+        ``.overload``).
+    """
     name = schema.split("(", 1)[0]
     _LIB.define(schema, tags=(torch.Tag.pt2_compliant_tag,))
     _LIB.impl(name, impl, "CompositeExplicitAutograd")
@@ -47,7 +56,15 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def may_skip_dispatch(x: torch.Tensor) -> bool:
     """Whether calling an op's implementation on ``x`` directly is indistinguishable from
-    calling the op (see the module doc)."""
+    calling the op (see the module doc).
+
+    Args:
+        x: the op's tensor input.
+
+    Returns:
+        True for a plain tensor (or Parameter) needing no grad, outside torch.compile,
+        dispatch modes, torch-function modes and the profiler.
+    """
     return (
         not torch.compiler.is_compiling()
         and type(x) in _PLAIN

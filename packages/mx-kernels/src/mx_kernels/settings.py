@@ -98,6 +98,9 @@ cached_launch = _flag_reader(
     mx-kernels' cache of compiled kernels (:mod:`mx_kernels.launch`); off sends each
     through Triton's JIT, to rule the cache out when something looks wrong.
 
+    Returns:
+        Whether the switch is on.
+
     Raises:
         ValueError: a value other than ``0`` or ``1``.
     """,
@@ -111,6 +114,9 @@ check_launch = _flag_reader(
     """``MX_KERNELS_CHECK_LAUNCH`` (default off): whether each cached launch first checks
     that Triton's JIT would pick the same compiled kernel (slow: for debugging and the
     GPU benchmarks' ``--check``).
+
+    Returns:
+        Whether the switch is on.
 
     Raises:
         ValueError: a value other than ``0`` or ``1``.
@@ -126,6 +132,9 @@ inline_casts = _flag_reader(
     fake-quantize overloads by their kernel launch (:mod:`mx_kernels.inline_casts`); off
     keeps them ops (A/B timing, ruling the replacement out).
 
+    Returns:
+        Whether the switch is on.
+
     Raises:
         ValueError: a value other than ``0`` or ``1``.
     """,
@@ -135,6 +144,9 @@ inline_casts = _flag_reader(
 def mm_design() -> str:
     """``MX_KERNELS_MM_DESIGN``: the design of the ``"triton"`` matmul backend, one of
     :data:`DESIGNS` (default :data:`DEFAULT_DESIGN`).
+
+    Returns:
+        The design's name.
 
     Raises:
         ValueError: a value not in :data:`DESIGNS`.
@@ -151,7 +163,10 @@ def mm_design() -> str:
 
 
 def triton_interpret() -> bool:
-    """``TRITON_INTERPRET``, as Triton reads it: whether Triton runs kernels on CPU
-    tensors in its interpreter."""
+    """``TRITON_INTERPRET``, as Triton reads it.
+
+    Returns:
+        Whether Triton runs kernels on CPU tensors in its interpreter.
+    """
     raw = _raw("TRITON_INTERPRET")
     return raw is not None and raw.lower() in _TRITON_TRUE

@@ -64,7 +64,12 @@ def cpu_cached_launches(interpret: bool = True) -> Iterator[collections.Counter]
     counts of launches: ``"compiled"`` (through the JIT, each new specialization) and
     ``"cached"`` (through the stand-in, counted with ``interpret`` only). Needs
     ``TRITON_INTERPRET=1``. Cast plans and launchers made before or inside are dropped
-    on entry and on exit."""
+    on entry and on exit.
+
+    Args:
+        interpret: run each cached launch's kernel in Triton's interpreter (and count
+            it); False makes it a no-op (host cost alone).
+    """
     counts: collections.Counter = collections.Counter()
 
     def compile_(self: KernelLauncher, grid, args) -> tuple:
