@@ -222,3 +222,40 @@ def zoo_check(rank: int, world: int, model_types: list[str]) -> dict[str, dict]:
                 res["changes"] = [traceback.format_exc()]
         out[t] = res
     return out
+
+
+def tied_check(rank: int, world: int, recipe: str | None) -> dict:
+    """Gemma (its LM head tied to its embedding) parallelized on a ("dp", "tp") = (2, 2)
+    mesh, trained two AdamW steps against one process: the losses, and whether the tie
+    is one Parameter with one gradient and one optimizer state."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    ref = BUILDERS["Gemma (tied)"]()
+    par = mx_nn.parallelize(copy.deepcopy(ref), mesh, recipe=recipe)
+    if recipe is not None:
+        mx_nn.convert(ref, recipe, filter_fn=lambda _m, f: f != "lm_head")
+    head, emb = par.get_output_embeddings(), par.get_input_embeddings()
+    losses: dict[str, list[float]] = {"ref": [], "par": []}
+    out: dict = {"losses": losses, "ref parameters": len(list(ref.parameters()))}
+    for key, model in (("ref", ref), ("par", par)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for step in range(2):
+            opt.zero_grad()
+            loss = loss_of(model, _tokens(step + 1))
+            loss.backward()
+            opt.step()
+            losses[key].append(loss.item())
+        if key == "par":
+            named = [
+                n for n, p in model.named_parameters(remove_duplicate=False) if p is emb.weight
+            ]
+            out["names of the tied Parameter"] = sorted(named)
+            out["tied"] = head.weight is emb.weight
+            out["placements"] = str(emb.weight.placements)
+            out["grad"] = emb.weight.grad is not None and head.weight.grad is emb.weight.grad
+            out["states"] = len(opt.state)
+            out["parameters"] = len(list(model.parameters()))
+            out["tied state"] = emb.weight in opt.state
+    return out

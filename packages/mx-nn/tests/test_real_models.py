@@ -2,8 +2,8 @@
 random configs, their default tying), at tp=2 with sequence parallelism on 2 gloo ranks,
 against the same model on one process; OLMo2 (its q_norm and k_norm over all heads) also
 without sequence parallelism; torchtitan's Llama3 also at tp=4 and dp=2 x tp=2 (FSDP2)
-on 4 ranks. Every rank feeds the whole batch (the dp ranks' gradients average to the
-one-process gradient)."""
+on 4 ranks, and Gemma's tied LM head and embedding at dp=2 x tp=2 (AdamW). Every rank
+feeds the whole batch (the dp ranks' gradients average to the one-process gradient)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from mx_dtensor.testing import spawn
 
 sys.path.insert(0, str(Path(__file__).parent))  # the spawned ranks import these by name
-from real_models import BUILDERS, check  # noqa: E402
+from real_models import BUILDERS, check, tied_check  # noqa: E402
 
 pytest.importorskip("transformers")
 needs_dist = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed missing")
@@ -86,3 +86,18 @@ def test_torchtitan_llama3_on_four_ranks(shape, dims):
         assert res["logits"] <= LOGITS, (name, res["logits"])
         for a, b in zip(res["losses"]["par"], res["losses"]["ref"], strict=True):
             assert abs(a - b) <= LOSS * abs(b), (name, res["losses"])
+
+
+@needs_dist
+@pytest.mark.parametrize("recipe", [None, "mxfp8"])
+def test_tied_gemma_on_dp2_x_tp2(recipe):
+    # FSDP2 shards the root's parameters once each: the head and the embedding stay one
+    # Parameter (one DTensor, Shard(0) on "tp" and FSDP's split on "dp"), with one
+    # gradient and one optimizer state.
+    r = spawn(tied_check, 4, recipe)[0]
+    assert r["tied"] and r["grad"] and r["tied state"], r
+    assert r["names of the tied Parameter"] == ["lm_head.weight", "model.embed_tokens.weight"]
+    assert r["parameters"] == r["states"] == r["ref parameters"], r
+    assert r["placements"].endswith("Shard(dim=0))"), r["placements"]
+    for a, b in zip(r["losses"]["par"], r["losses"]["ref"], strict=True):
+        assert abs(a - b) <= LOSS * abs(b), r["losses"]
