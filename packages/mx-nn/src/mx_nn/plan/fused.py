@@ -257,6 +257,9 @@ def split_fused(model: nn.Module) -> FusedSplit | None:
     its rows), and give each split attention a shallow copy of its config (module doc).
     ``parallelize`` calls it before its checks (and undoes it when one refuses).
 
+    Args:
+        model: any model; only modules of the :data:`SPLITS` classes change.
+
     Returns:
         What changed (:class:`FusedSplit`), or None where nothing is fused.
 

@@ -26,7 +26,15 @@ __all__ = ["HeadShardedNorm", "across_heads"]
 
 def across_heads(norm: nn.Module, projection: nn.Linear) -> bool:
     """Whether every parameter of ``norm`` is 1-D over the whole output of
-    ``projection``: a norm over all its heads (OLMo2's ``q_norm``), not one per head."""
+    ``projection``: a norm over all its heads (OLMo2's ``q_norm``), not one per head.
+
+    Args:
+        norm: the norm module (its parameters, e.g. an RMSNorm's ``weight``).
+        projection: the linear whose output it normalises.
+
+    Returns:
+        True where ``norm`` has parameters and each is ``[projection.out_features]``.
+    """
     params = list(norm.parameters())
     return bool(params) and all(
         t.ndim == 1 and t.numel() == projection.out_features for t in params
