@@ -16,12 +16,12 @@ PACKAGES = ("mx_core", "mx_kernels", "mx_dtensor", "mx_nn")
 KERNEL_LAYERS = {
     "ops": {
         "__init__", "cast", "fake_quant", "inline_casts", "cast_plan", "dequant", "matmul",
-        "matmul_args", "swizzle", "testing",
+        "matmul_args", "cublas", "swizzle", "testing",
     },
     "kernels": {
         "cast_triton", "cast_launch", "dequant_triton", "matmul_triton", "bf16_mm",
     },
-    "runtime": {"settings", "backend", "launch", "library"},
+    "runtime": {"settings", "backend", "capability", "launch", "library"},
 }  # fmt: skip
 LAYER_ORDER = ("ops", "kernels", "runtime")
 

@@ -1,5 +1,7 @@
-"""mx_kernels.scaled_mm: every backend against a float64 reference, argument checks, the
-op's registration (opcheck, torch.compile), and the cuBLAS host-side preparation.
+"""mx_kernels.scaled_mm: every backend against a float64 reference, argument checks and
+the op's registration (opcheck, torch.compile). The cuBLAS backend: test_cublas_meta.py
+(its operands against PyTorch's meta functions) and test_capability.py (which device
+runs what); blocked scales: test_scale_layout.py.
 
 Triton runs under the interpreter (conftest sets TRITON_INTERPRET=1): shapes stay small.
 """
@@ -16,13 +18,8 @@ import torch
 import mx_kernels
 from mx_core import MXTensor, quantize
 from mx_kernels import backend as backend_mod
-from mx_kernels import scaled_mm, unswizzle_scales
-from mx_kernels.matmul import (
-    cublas_unsupported_reason,
-    prepare_cublas_args,
-    scaled_mm_cublas,
-    scaled_mm_reference,
-)
+from mx_kernels import scaled_mm
+from mx_kernels.matmul import scaled_mm_reference
 
 SHAPES = [(133, 512, 528), (1, 32, 32), (17, 96, 33), (256, 1024, 512)]  # M, K, N
 FORMAT_PAIRS = [
@@ -230,13 +227,6 @@ def test_bad_arguments(args, kwargs, error, match):
         scaled_mm(**args, **kwargs)
 
 
-def test_cublas_on_cpu_raises():
-    with pytest.raises(RuntimeError, match="backend='cublas'.*compute capability >= 10.0"):
-        scaled_mm(**_good(), backend="cublas")
-    with pytest.raises(RuntimeError, match="compute capability >= 10.0"):
-        scaled_mm_cublas(**_good(), out_dtype=torch.bfloat16)
-
-
 def test_triton_on_cpu_needs_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
@@ -273,30 +263,6 @@ def test_auto_is_emulated_on_cpu_and_logged_once(monkeypatch, caplog):
     expected = scaled_mm_reference(args["a_q"], args["a_scale"], args["b_q"], args["b_scale"],
                                    torch.float32)  # fmt: skip
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize(
-    "capability,backend,unsupported,expected",
-    [((10, 0), "auto", None, "cublas"), ((10, 0), "auto", "N % 16", "triton"),
-     ((9, 0), "auto", None, "triton"), ((9, 0), "triton", None, "triton"),
-     ((10, 0), "cublas", None, "cublas"), ((9, 0), "emulated", None, "emulated"),
-     ((9, 0), "cublas", None, "compute capability >= 10.0, got sm90"),
-     ((8, 0), "auto", None, "compute capability >= 9.0, got sm80"),
-     ((8, 9), "triton", None, "compute capability >= 9.0, got sm89")],
-)  # fmt: skip
-def test_cuda_backend_choice(capability, backend, unsupported, expected, monkeypatch):
-    """The choice on (mocked) CUDA devices: cuBLAS on sm100+, Triton on sm90, else an error."""
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(backend_mod, "triton_available", lambda: True)
-    cuda = torch.device("cuda")
-    if expected in ("cublas", "triton", "emulated"):
-        chosen = backend_mod.resolve_matmul_backend(
-            "scaled_mm", backend, cuda, cublas_unsupported=unsupported
-        )
-        assert chosen == expected
-    else:
-        with pytest.raises(RuntimeError, match=expected):
-            backend_mod.resolve_matmul_backend("scaled_mm", backend, cuda)
 
 
 # --- the op ---------------------------------------------------------------------------
@@ -336,60 +302,6 @@ def test_import_registers_op_without_triton_kernels():
         "assert 'mx_kernels.matmul_triton' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-# --- cuBLAS host-side preparation -----------------------------------------------------
-
-
-def _ceil(x, m):
-    return (x + m - 1) // m * m
-
-
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp4_e2m1"])
-@pytest.mark.parametrize("m,k,n", [(133, 512, 528), (1, 32, 32), (256, 1024, 512), (5, 96, 16)])
-def test_cublas_preparation(m, k, n, fmt):
-    a, b = _operands(m, k, n, fmt, fmt)
-    args = prepare_cublas_args(a.qdata, a.scale, b.qdata, b.scale)
-    pack = 2 if fmt == "fp4_e2m1" else 1
-    data_dtype = torch.float4_e2m1fn_x2 if pack == 2 else torch.float8_e4m3fn
-    u8 = torch.uint8
-    # mat_a row-major [M, K], mat_b column-major [K, N] (= b_q.t()), same bytes.
-    assert args.mat_a.dtype == args.mat_b.dtype == data_dtype
-    assert args.mat_a.shape == (m, k // pack) and args.mat_a.is_contiguous()
-    assert args.mat_b.shape == (k // pack, n) and args.mat_b.stride() == (1, k // pack)
-    assert torch.equal(args.mat_a.view(u8), a.qdata.view(u8))
-    assert torch.equal(args.mat_b.t().view(u8), b.qdata.view(u8))
-    # _scaled_mm's size checks: K % 16 (K // 2 for fp4 bytes) and N % 16.
-    assert args.mat_a.shape[1] % 16 == 0 and args.mat_b.shape[0] % 16 == 0
-    assert args.mat_b.shape[1] % 16 == 0
-    # Scales: 1-D, contiguous e8m0, ceil128(rows) * ceil4(K // 32) elements (the count
-    # ScaledBlas.cpp's is_blockwise_1x32_scaling demands, computed from the packed size
-    # times 2 for fp4), blocked layout that unswizzles back.
-    for scale, ref, rows in ((args.scale_a, a.scale, m), (args.scale_b, b.scale, n)):
-        assert scale.dim() == 1 and scale.is_contiguous() and scale.dtype == E8
-        assert scale.numel() == _ceil(rows, 128) * _ceil(k // 32, 4)
-        back = unswizzle_scales(scale, (rows, k // 32))
-        assert torch.equal(back.view(u8), ref.view(u8))
-    # The prepared operands still mean a @ b^T.
-    sa = unswizzle_scales(args.scale_a, (m, k // 32))
-    sb = unswizzle_scales(args.scale_b, (n, k // 32))
-    a_back = args.mat_a.view(u8) if pack == 2 else args.mat_a
-    b_back = args.mat_b.t().view(u8) if pack == 2 else args.mat_b.t()
-    out = scaled_mm_reference(a_back, sa, b_back, sb, torch.float32)
-    assert _rel_err(out, _reference(a, b)) <= FP32_RTOL
-
-
-@pytest.mark.parametrize(
-    "a_fmt,b_fmt,n,match",
-    [("fp8_e4m3", "fp8_e4m3", 33, "b_q has N=33 rows; cuBLAS needs N % 16 == 0"),
-     ("fp8_e5m2", "fp8_e5m2", 32, "both float8_e5m2"),
-     ("fp4_e2m1", "fp8_e4m3", 32, "mix fp4 and fp8")],
-)  # fmt: skip
-def test_cublas_preparation_rejects(a_fmt, b_fmt, n, match):
-    a, b = _operands(8, 64, n, a_fmt, b_fmt)
-    assert cublas_unsupported_reason(a.qdata.dtype, b.qdata.dtype, n) is not None
-    with pytest.raises(ValueError, match=match):
-        prepare_cublas_args(a.qdata, a.scale, b.qdata, b.scale)
 
 
 def test_public_name():

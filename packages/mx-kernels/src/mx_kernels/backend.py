@@ -15,6 +15,7 @@ import logging
 import torch
 
 from mx_core import CastBackend, MatmulBackend
+from mx_kernels.capability import auto_cublas_gap, cublas_mx_gap, device_capability, sm_name
 from mx_kernels.settings import triton_interpret
 
 __all__ = [
@@ -169,19 +170,34 @@ def resolve_matmul_backend(
     device: torch.device,
     *,
     cublas_unsupported: str | None = None,
+    fp4: bool = False,
     log: bool = True,
 ) -> str:
     """The concrete matmul backend for ``backend`` on ``device``.
 
-    ``"auto"`` picks ``"emulated"`` off CUDA, ``"cublas"`` on sm100+ (unless
-    ``cublas_unsupported`` says why these inputs cannot go there), else ``"triton"``.
-    ``log=False`` asks without logging a choice (nothing runs).
+    ``"auto"`` picks ``"emulated"`` off CUDA; ``"cublas"`` where the device is one
+    :data:`mx_kernels.capability.AUTO_CUBLAS` names (sm100, sm103), PyTorch's cuBLAS MX
+    GEMM runs there (:func:`mx_kernels.capability.cublas_mx_gap`) and
+    ``cublas_unsupported`` (why cuBLAS cannot take these arguments) is None; else
+    ``"triton"``, logged with the reason. ``fp4``: the operands are MXFP4 (another
+    entry point and other capability rules than MXFP8). ``log=False`` asks without
+    logging a choice (nothing runs).
 
+    Args:
+        op: the op's name, for messages and the log.
+        backend: one of :data:`MATMUL_BACKENDS`.
+        device: the operands' device.
+        cublas_unsupported: why cuBLAS does not take these operands, or None.
+        fp4: the operands are MXFP4.
+        log: log the choice (once per distinct choice: :func:`log_choice`).
+    Returns:
+        ``"emulated"``, ``"cublas"`` or ``"triton"``.
     Raises:
-        ValueError: ``backend`` is not in :data:`MATMUL_BACKENDS`.
-        RuntimeError: the backend cannot run here: cuBLAS MX needs a CUDA device of
-            compute capability >= 10.0; Triton needs triton and sm90+ (or, on CPU,
-            ``TRITON_INTERPRET=1``).
+        ValueError: ``backend`` is not in :data:`MATMUL_BACKENDS`; or
+            ``backend="cublas"`` with ``cublas_unsupported`` set (the message says why).
+        RuntimeError: the backend cannot run here: ``"cublas"`` where PyTorch's cuBLAS MX
+            GEMM cannot (the message names the capability, the API or the build feature
+            missing); Triton needs triton and sm90+ (or, on CPU, ``TRITON_INTERPRET=1``).
     """
     if backend not in MATMUL_BACKENDS:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(MATMUL_BACKENDS)}")
@@ -189,20 +205,27 @@ def resolve_matmul_backend(
     if backend == "emulated" or (backend == "auto" and device.type != "cuda"):
         _log(op, "emulated", device.type, backend if backend != "auto" else "auto: not CUDA")
         return "emulated"
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    where = f"sm{capability[0]}{capability[1]}" if capability else f"a {device.type} tensor"
+    capability = device_capability(device)
+    where = sm_name(capability) if capability else f"a {device.type} tensor"
+    device_gap = cublas_mx_gap(capability, fp4=fp4, where=where)
     why = backend
     if backend == "auto":
-        if capability >= (10, 0) and cublas_unsupported is None:
-            _log(op, "cublas", device.type, "auto: sm100+")
+        gap = device_gap or auto_cublas_gap(capability) or cublas_unsupported
+        if gap is None:
+            entry = "MXFP4, torch.nn.functional.scaled_mm" if fp4 else "MXFP8, torch._scaled_mm"
+            _log(op, "cublas", device.type, f"auto: {where}, {entry}")
             return "cublas"
-        backend = "triton"
-        why = f"auto: {cublas_unsupported}" if capability >= (10, 0) else "auto: sm90"
+        backend, why = "triton", f"auto: {gap}"
     if backend == "cublas":
-        if capability is None or capability < (10, 0):
+        if device_gap is not None:
             raise RuntimeError(
-                f"{op}: backend='cublas' (cuBLAS MX block scaling) needs a CUDA device of "
-                f"compute capability >= 10.0, got {where}; use backend='triton' or 'emulated'"
+                f"{op}: backend='cublas' (cuBLAS MX block scaling) cannot run: {device_gap}; "
+                "use backend='triton' or 'emulated'"
+            )
+        if cublas_unsupported is not None:
+            raise ValueError(
+                f"{op}: backend='cublas' cannot run these arguments: {cublas_unsupported}; "
+                "use backend='auto' (which routes them to Triton), 'triton' or 'emulated'"
             )
         _log(op, "cublas", device.type, why)
         return "cublas"
