@@ -277,12 +277,29 @@ def _dequantize_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tup
 
 
 def _scaled_mm_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tuple]:
+    """An operand whose scales are in the blocked layout (``scale_layout``, args 8 and 9)
+    takes only Replicate, it and its scales: the blocked scales of a shard are not a
+    shard of the blocked scales (rows padded to 128 and interleaved by tiles)."""
     a, a_s, b, b_s = specs
     a_fmt, b_fmt = args[2], args[5]
+    layouts = [args[i] if len(args) > i else "plain" for i in (8, 9)]
     for name, spec in (("a", a), ("a_scale", a_s), ("b", b), ("b_scale", b_s)):
-        if len(spec.shape) != 2:
-            raise MXShardingError(f"{op}: {name} must be 2-D, got shape {tuple(spec.shape)}")
         _check_partial(op, name, spec)
+    for name, data, scale, layout in (("a", a, a_s, layouts[0]), ("b", b, b_s, layouts[1])):
+        if layout == "plain":
+            for arg, spec in ((name, data), (f"{name}_scale", scale)):
+                if len(spec.shape) != 2:
+                    shape = tuple(spec.shape)
+                    raise MXShardingError(f"{op}: {arg} must be 2-D, got shape {shape}")
+        elif not all(p.is_replicate() for p in (*data.placements, *scale.placements)):
+            raise MXShardingError(
+                f"{op}: {name}_scale is in the {layout!r} layout, which has no rule for a "
+                f"shard: {name} (shape {tuple(data.shape)}) is placed {tuple(data.placements)} "
+                f"and {name}_scale {tuple(scale.placements)}, both must be Replicate; pass "
+                "plain scales ([rows, K // 32], scale_layout='plain') to shard"
+            )
+        elif len(data.shape) != 2:
+            raise MXShardingError(f"{op}: {name} must be 2-D, got shape {tuple(data.shape)}")
     pa = tuple(_norm(p, 2) for p in a.placements)
     pb = tuple(_norm(p, 2) for p in b.placements)
     for name, data, scale, spec in (("a", pa, a_s, a), ("b", pb, b_s, b)):
