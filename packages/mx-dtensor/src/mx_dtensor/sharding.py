@@ -26,6 +26,7 @@ op                         input on a mesh dim     outputs on that mesh dim
 
 (``quantize_both``'s s_row and both colwise ops' scales are the ops' contiguous
 buffers; the public functions return their transposes, which DTensor's ``t()`` maps.
+With ``scale_layout="blocked"`` the quantize ops take only a Replicate x.
 The fake-quantize ops' ``inline`` overloads have their default overload's rule.)
 
 One aten op MXLinear reaches has no DTensor rule in torch 2.11-2.13 and gets the same
@@ -219,9 +220,17 @@ def _cast_rule(blocked: Sequence[int], out_dims: Sequence[Sequence[int]]):
 
     def rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tuple[Placement, ...]]:
         (x,) = specs
-        block_size = args[2]  # args: x, fmt, block_size, scale_mode, backend
+        block_size = args[2]  # args: x, fmt, block_size, scale_mode, backend[, scale_layout]
         ndim = len(x.shape)
         _check_partial(op, "x", x)
+        if len(args) > 5 and args[5] != "plain" and not all(p.is_replicate() for p in x.placements):
+            # The blocked layout pads rows to 128 and interleaves them by tiles: the blocked
+            # scales of a shard are not a shard of the blocked scales.
+            raise MXShardingError(
+                f"{op}: scale_layout={args[5]!r} with x (shape {tuple(x.shape)}) placed "
+                f"{tuple(x.placements)}: blocked scales have a rule only for a Replicate x; "
+                "cast the local tensor (x.to_local()) or use scale_layout='plain'"
+            )
         for d in blocked:
             _check_whole_blocks(op, "x", x, d % ndim, block_size)
         outs: list[list[Placement]] = [[] for _ in out_dims]

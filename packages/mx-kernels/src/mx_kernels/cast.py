@@ -18,6 +18,11 @@ Triton runs every format and scale mode for power-of-two block sizes up to 128 (
 codes are built in integer arithmetic; fp8 uses the GPU's conversion); other block sizes
 run mx-core's reference on the same device (``backend="auto"`` logs that choice once;
 ``backend="triton"`` raises instead).
+
+``scale_layout="blocked"`` (2-D x, block size 32) returns each scale instead as the
+flat bytes of cuBLAS's blocked layout (:func:`mx_kernels.swizzle.swizzle_scales` of the
+plain scale matrix, flattened; padding zero), written there by the kernel itself, so a
+GEMM on sm100 needs no swizzle of its own.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ import torch
 import mx_core
 from mx_core import get_format
 from mx_kernels.cast_launch import empty_both, empty_cast, empty_cast_t
-from mx_kernels.cast_plan import CAST_ARGS, REFERENCES, check_args, plan_for, public_layout
+from mx_kernels.cast_plan import (
+    CAST_ARGS,
+    REFERENCES,
+    check_args,
+    check_scale_layout,
+    plan_for,
+    public_layout,
+)
 from mx_kernels.library import define_op, may_skip_dispatch
 
 __all__ = ["quantize_rowwise", "quantize_colwise", "quantize_both"]
@@ -55,41 +67,67 @@ REFERENCES.update(
 )
 
 
+# The quantize ops take the scales' layout last, positional with a default: a call that
+# leaves it out is the plain cast, and DTensor's sharding rules see it among the args.
+_ARGS = CAST_ARGS[:-1] + ', str scale_layout="plain")'
+
+
 # The op bodies: checks, backend choice and launch arguments are planned once per call
 # signature (mx_kernels.cast_plan).
-def _quantize_rowwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    return plan_for("quantize_rowwise", False, x, fmt, block_size, scale_mode, backend)(x)
+def _quantize_rowwise_impl(
+    x, fmt: str, block_size: int, scale_mode: str, backend: str, scale_layout: str = "plain"
+):
+    plan = plan_for(
+        "quantize_rowwise", False, x, fmt, block_size, scale_mode, backend, scale_layout
+    )
+    return plan(x)
 
 
-def _quantize_colwise_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    return plan_for("quantize_colwise", False, x, fmt, block_size, scale_mode, backend)(x)
+def _quantize_colwise_impl(
+    x, fmt: str, block_size: int, scale_mode: str, backend: str, scale_layout: str = "plain"
+):
+    plan = plan_for(
+        "quantize_colwise", False, x, fmt, block_size, scale_mode, backend, scale_layout
+    )
+    return plan(x)
 
 
-def _quantize_both_impl(x, fmt: str, block_size: int, scale_mode: str, backend: str):
-    return plan_for("quantize_both", False, x, fmt, block_size, scale_mode, backend)(x)
+def _quantize_both_impl(
+    x, fmt: str, block_size: int, scale_mode: str, backend: str, scale_layout: str = "plain"
+):
+    plan = plan_for("quantize_both", False, x, fmt, block_size, scale_mode, backend, scale_layout)
+    return plan(x)
+
+
+def _fake(op: str, empty):
+    def fake(x, fmt, block_size, scale_mode, backend, scale_layout="plain"):
+        check_scale_layout(op, scale_layout, block_size, x.shape)
+        return empty(x.shape, get_format(fmt), block_size, x.device, scale_layout == "blocked")
+
+    return fake
 
 
 QUANTIZE_ROWWISE = define_op(
-    f"quantize_rowwise{CAST_ARGS} -> (Tensor, Tensor)",
+    f"quantize_rowwise{_ARGS} -> (Tensor, Tensor)",
     _quantize_rowwise_impl,
-    lambda x, fmt, block_size, scale_mode, backend: empty_cast(
-        x.shape, get_format(fmt), block_size, x.device
-    ),
+    _fake("quantize_rowwise", empty_cast),
 )
 QUANTIZE_COLWISE = define_op(
-    f"quantize_colwise{CAST_ARGS} -> (Tensor, Tensor)",
+    f"quantize_colwise{_ARGS} -> (Tensor, Tensor)",
     _quantize_colwise_impl,
-    lambda x, fmt, block_size, scale_mode, backend: empty_cast_t(
-        x.shape, get_format(fmt), block_size, x.device
-    ),
+    _fake("quantize_colwise", empty_cast_t),
 )
 QUANTIZE_BOTH = define_op(
-    f"quantize_both{CAST_ARGS} -> (Tensor, Tensor, Tensor, Tensor)",
+    f"quantize_both{_ARGS} -> (Tensor, Tensor, Tensor, Tensor)",
     _quantize_both_impl,
-    lambda x, fmt, block_size, scale_mode, backend: empty_both(
-        x.shape, get_format(fmt), block_size, x.device
-    ),
+    _fake("quantize_both", empty_both),
 )
+
+
+def _public(outs, scale_layout: str):
+    """A colwise or both op's outputs as the public function returns them (blocked
+    scales stay flat)."""
+    return outs if scale_layout == "blocked" else public_layout(outs)
 
 
 def quantize_rowwise(
@@ -99,6 +137,7 @@ def quantize_rowwise(
     block_size: int = 32,
     scale_mode: str = "rceil",
     backend: str = "auto",
+    scale_layout: str = "plain",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MX cast with blocks along the last dim.
 
@@ -106,15 +145,27 @@ def quantize_rowwise(
         x: [..., K] fp32/bf16/fp16, K divisible by ``block_size``; any strides.
         fmt, block_size, scale_mode: as :func:`mx_core.quantize`.
         backend: ``"auto"``, ``"triton"`` or ``"reference"`` (see :mod:`mx_kernels.backend`).
+        scale_layout: ``"plain"`` or ``"blocked"`` (2-D x [M, K] and block_size 32 only):
+            the scale as cuBLAS's MX GEMM reads it on sm100 (see Returns).
     Returns:
         ``(qdata, scale)``: qdata [..., K] (fp4: [..., K // 2] uint8), scale
         [..., K // block_size] float8_e8m0fnu; both contiguous. Equal to
-        ``mx_core.quantize(x, fmt, dim=-1, ...)``'s ``qdata`` and ``scale``.
+        ``mx_core.quantize(x, fmt, dim=-1, ...)``'s ``qdata`` and ``scale``. Blocked:
+        scale is 1-D, ``swizzle_scales(plain_scale).flatten()`` (:mod:`mx_kernels.swizzle`):
+        the [M, K // 32] matrix padded with zero bytes to [ceil128(M), ceil4(K // 32)],
+        in 128x4 tiles of 512 bytes each.
+    Raises:
+        ValueError: scale_layout not ``"plain"`` or ``"blocked"``; blocked with a
+            block_size other than 32 or an x that is not 2-D.
     """
     if may_skip_dispatch(x) and type(block_size) is int:  # plain eager: the plan, directly
-        return plan_for("quantize_rowwise", True, x, fmt, block_size, scale_mode, backend)(x)
-    name, mode = check_args("quantize_rowwise", x, fmt, block_size, scale_mode, backend)
-    return QUANTIZE_ROWWISE(x, name, block_size, mode, backend)
+        return plan_for(
+            "quantize_rowwise", True, x, fmt, block_size, scale_mode, backend, scale_layout
+        )(x)
+    name, mode = check_args(
+        "quantize_rowwise", x, fmt, block_size, scale_mode, backend, scale_layout
+    )
+    return QUANTIZE_ROWWISE(x, name, block_size, mode, backend, scale_layout)
 
 
 def quantize_colwise(
@@ -124,6 +175,7 @@ def quantize_colwise(
     block_size: int = 32,
     scale_mode: str = "rceil",
     backend: str = "auto",
+    scale_layout: str = "plain",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MX cast of a 2-D x [M, K] with blocks along M, laid out as the cast of x^T.
 
@@ -132,7 +184,9 @@ def quantize_colwise(
         [K, M // block_size] stored column-major: ``scale_t.t()`` is the contiguous
         [M // block_size, K] buffer (strides (1, K)). Both are equal to
         ``mx_core.quantize(x.t().contiguous(), fmt, dim=-1, ...)``'s ``qdata`` and
-        ``scale``, without materialising the transpose.
+        ``scale``, without materialising the transpose. With ``scale_layout="blocked"``
+        (block_size 32 only) scale_t is 1-D instead: the blocked layout of the
+        [K, M // 32] matrix, as :func:`quantize_rowwise` describes.
 
     Why scale_t is column-major: a tile of the cast covers few blocks along M, so
     row-major scales would be written a byte or two per row; column-major they are
@@ -141,9 +195,14 @@ def quantize_colwise(
     ``scale_t.contiguous()`` for a row-major copy.
     """
     if may_skip_dispatch(x) and type(block_size) is int:
-        return plan_for("quantize_colwise", True, x, fmt, block_size, scale_mode, backend)(x)
-    name, mode = check_args("quantize_colwise", x, fmt, block_size, scale_mode, backend)
-    return public_layout(QUANTIZE_COLWISE(x, name, block_size, mode, backend))
+        return plan_for(
+            "quantize_colwise", True, x, fmt, block_size, scale_mode, backend, scale_layout
+        )(x)
+    name, mode = check_args(
+        "quantize_colwise", x, fmt, block_size, scale_mode, backend, scale_layout
+    )
+    outs = QUANTIZE_COLWISE(x, name, block_size, mode, backend, scale_layout)
+    return _public(outs, scale_layout)
 
 
 def quantize_both(
@@ -153,6 +212,7 @@ def quantize_both(
     block_size: int = 32,
     scale_mode: str = "rceil",
     backend: str = "auto",
+    scale_layout: str = "plain",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rowwise and columnwise casts of a 2-D x [M, K] from one read of x.
 
@@ -161,7 +221,9 @@ def quantize_both(
         :func:`quantize_colwise` of x. q_row [M, K] and q_col_t [K, M] are row-major
         (fp4: [M, K // 2] and [K, M // 2]); both scales are column-major: s_row
         [M, K // block_size] with strides (1, M), s_col_t [K, M // block_size] with
-        strides (1, K).
+        strides (1, K). With ``scale_layout="blocked"`` (block_size 32 only) both scales
+        are 1-D: the blocked layouts of [M, K // 32] and of [K, M // 32], as
+        :func:`quantize_rowwise` describes.
 
     Why s_row is column-major here (not in :func:`quantize_rowwise`): a tile of this
     cast covers many rows and few blocks along K, so column-major scales go out as
@@ -170,6 +232,9 @@ def quantize_both(
     ``scaled_mm`` take either layout; call ``s_row.contiguous()`` for a row-major copy.
     """
     if may_skip_dispatch(x) and type(block_size) is int:
-        return plan_for("quantize_both", True, x, fmt, block_size, scale_mode, backend)(x)
-    name, mode = check_args("quantize_both", x, fmt, block_size, scale_mode, backend)
-    return public_layout(QUANTIZE_BOTH(x, name, block_size, mode, backend))
+        return plan_for(
+            "quantize_both", True, x, fmt, block_size, scale_mode, backend, scale_layout
+        )(x)
+    name, mode = check_args("quantize_both", x, fmt, block_size, scale_mode, backend, scale_layout)
+    outs = QUANTIZE_BOTH(x, name, block_size, mode, backend, scale_layout)
+    return _public(outs, scale_layout)

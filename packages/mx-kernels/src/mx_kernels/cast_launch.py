@@ -22,6 +22,7 @@ from mx_kernels.launch import KernelLauncher
 __all__ = [
     "TILE_CONFIGS",
     "CastTile",
+    "blocked_scale_numel",
     "empty_both",
     "empty_cast",
     "empty_cast_t",
@@ -108,12 +109,14 @@ def launch_config(
     hw_round: bool,
     interpreter: bool,
     s_row_t: bool = False,
+    blocked: bool = False,
 ) -> tuple[CastTile, KernelLauncher]:
     """The tile and the launcher (kernel constants bound) of one cast configuration:
     built once, since a cast's host time is measured against a kernel of a few to tens
     of microseconds (BENCHMARKS.md, 2026-12-03 'Host cost per op'). ``interpreter``
     (TRITON_INTERPRET on a CPU tensor) keys the cache, since it changes the default
-    tile."""
+    tile. ``blocked``: the scales go out in cuBLAS's blocked layout (a kernel of its
+    own, so the plain layouts' kernels are unchanged)."""
     from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_cast_kernel
 
     fmt = get_format(fmt_name)
@@ -141,6 +144,7 @@ def launch_config(
         LANES_M=t.lanes_m,
         S_ROW_T=s_row_t,
         WORDS_T=t.words and not fmt.is_packed,
+        BLOCKED=blocked,
         num_warps=t.warps,
         **({"maxnreg": t.max_regs} if t.max_regs else {}),
     )
@@ -175,12 +179,16 @@ def launch_cast(
     tile: tuple[int, ...] | None = None,
     hw_round: bool | None = None,
     dequantized: bool = False,
+    blocked: bool = False,
 ) -> None:
     """Run the Triton cast on a 2-D x; None outputs are skipped.
 
     ``dequantized``: q_row and q_col receive the fake-quantized values instead (in their
     own dtype, both [M, K] row-major), s_row and s_col must be None. ``s_row`` is
     row-major (any rank, [..., K // block_size]) or, 2-D, column-major (strides (1, M)).
+    ``blocked`` (block_size 32): s_row and s_col are 1-D buffers of
+    :func:`blocked_scale_numel` bytes that receive the scales in cuBLAS's blocked layout,
+    padding included.
 
     ``tile`` (a :class:`CastTile` or the tuple of its fields) overrides TILE_CONFIGS;
     ``hw_round`` overrides the rounding path (default: the GPU's fp8 conversion on CUDA,
@@ -190,7 +198,7 @@ def launch_cast(
     """
     launcher, grid, ints = launch_args(
         x2d.shape, x2d.stride(), x2d.device, fmt, block_size, scale_mode,
-        q_row, s_row, q_col, s_col, tile, hw_round, dequantized,
+        q_row, s_row, q_col, s_col, tile, hw_round, dequantized, blocked,
     )  # fmt: skip
     dummy = no_output(x2d.device)
 
@@ -214,17 +222,18 @@ def launch_args(
     tile: tuple[int, ...] | None = None,
     hw_round: bool | None = None,
     dequantized: bool = False,
+    blocked: bool = False,
 ) -> tuple[KernelLauncher, tuple[int, ...], tuple[int, ...]]:
     """:func:`launch_cast`'s launcher, grid and int arguments for an x [M, K] of ``strides``
     on ``device``; the outputs are only looked at for which are given and s_row's
-    strides (meta tensors will do)."""  # fmt: skip
+    strides (meta tensors will do); ``blocked`` as in :func:`launch_cast`."""  # fmt: skip
     m, k = shape
     kind = _KINDS[(q_row is not None, q_col is not None, dequantized)]
     cuda = device.type == "cuda"
     hw_round = cuda if hw_round is None else hw_round
     s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)
     s_row_strides = (0, 0)
-    if s_row is not None:
+    if s_row is not None and not blocked:
         if s_row.is_contiguous():
             s_row_strides = (k // block_size, 1)
         elif s_row.dim() == 2 and s_row.stride() == (1, m):
@@ -235,9 +244,12 @@ def launch_args(
             )
     t, launcher = launch_config(
         kind, fmt.name, block_size, scale_mode, None if tile is None else tuple(tile),
-        hw_round, not cuda and interpreter_enabled(), s_row_t,
+        hw_round, not cuda and interpreter_enabled(), s_row_t, blocked,
     )  # fmt: skip
-    grid = (-(-m // t.block_m), -(-k // t.block_k))
+    # Blocked scales: the grid covers x padded to [ceil128(M), ceil128(K)], so that the
+    # kernel writes the layout's padding too (mx_cast_kernel).
+    m_grid, k_grid = (-(-m // 128) * 128, -(-k // 128) * 128) if blocked else (m, k)
+    grid = (-(-m_grid // t.block_m), -(-k_grid // t.block_k))
     tiles, tiles_per_program = grid[0] * grid[1], 1
     if t.programs_per_sm:
         grid = (min(tiles, persistent_programs(device, t.programs_per_sm)),)
@@ -247,42 +259,64 @@ def launch_args(
     return launcher, grid, (m, k, *strides, *s_row_strides, tiles_per_program)
 
 
+def blocked_scale_numel(rows, cols):
+    """Bytes of a [rows, cols] scale matrix in cuBLAS's blocked layout: the size of
+    :func:`mx_kernels.swizzle.swizzled_shape`, in arithmetic that symbolic sizes
+    (torch.compile's) go through."""
+    return (rows + 127) // 128 * 128 * ((cols + 3) // 4 * 4)
+
+
+def _scale(rows, cols, blocked: bool, device) -> torch.Tensor:
+    shape = (blocked_scale_numel(rows, cols),) if blocked else (rows, cols)
+    return torch.empty(shape, dtype=torch.float8_e8m0fnu, device=device)
+
+
 def empty_cast(
-    shape, fmt: ElementFormat, block_size: int, device
+    shape, fmt: ElementFormat, block_size: int, device, blocked: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uninitialised (qdata, scale) of a rowwise cast of a tensor of ``shape``."""
+    """Uninitialised (qdata, scale) of a rowwise cast of a tensor of ``shape``;
+    ``blocked`` (2-D shape [M, K]): scale is the 1-D blocked layout of [M, K // block_size]."""
     *lead, k = shape
     qk = k // 2 if fmt.is_packed else k
     qdata = torch.empty(*lead, qk, dtype=fmt.storage_dtype, device=device)
+    if blocked:
+        return qdata, _scale(lead[0], k // block_size, True, device)
     scale = torch.empty(*lead, k // block_size, dtype=torch.float8_e8m0fnu, device=device)
     return qdata, scale
 
 
 def empty_cast_t(
-    x_shape, fmt: ElementFormat, block_size: int, device
+    x_shape, fmt: ElementFormat, block_size: int, device, blocked: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Uninitialised outputs of the columnwise op for a 2-D x of ``x_shape`` [M, K]:
     qdata_t [K, M] and the scales' buffer [M // block_size, K], both contiguous.
 
     The ops return that buffer and the public functions its transpose, scale_t: the
     ops' outputs stay contiguous, since with a transposed output Inductor's generated
-    code asserted contiguous strides once shapes turned dynamic (torch 2.13)."""
+    code asserted contiguous strides once shapes turned dynamic (torch 2.13).
+    ``blocked``: the scales are instead the 1-D blocked layout of x^T's [K, M // block_size]."""
     m, k = x_shape
     qdata_t = torch.empty(k, m // 2 if fmt.is_packed else m, dtype=fmt.storage_dtype, device=device)
-    scale_buf = torch.empty(m // block_size, k, dtype=torch.float8_e8m0fnu, device=device)
-    return qdata_t, scale_buf
+    if blocked:
+        return qdata_t, _scale(k, m // block_size, True, device)
+    return qdata_t, _scale(m // block_size, k, False, device)
 
 
 def empty_both(
-    x_shape, fmt: ElementFormat, block_size: int, device
+    x_shape, fmt: ElementFormat, block_size: int, device, blocked: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uninitialised outputs of the both op for a 2-D x of ``x_shape`` [M, K]: q_row
     [M, K] (fp4: [M, K // 2]), the rowwise scales' buffer [K // block_size, M] (the
-    public s_row is its transpose), then :func:`empty_cast_t`'s two; all contiguous."""
+    public s_row is its transpose), then :func:`empty_cast_t`'s two; all contiguous.
+    ``blocked``: both scales are 1-D blocked layouts, of [M, K // block_size] and of
+    [K, M // block_size]."""
     m, k = x_shape
     q_row = torch.empty(m, k // 2 if fmt.is_packed else k, dtype=fmt.storage_dtype, device=device)
-    s_row_buf = torch.empty(k // block_size, m, dtype=torch.float8_e8m0fnu, device=device)
-    return q_row, s_row_buf, *empty_cast_t(x_shape, fmt, block_size, device)
+    if blocked:
+        s_row = _scale(m, k // block_size, True, device)
+    else:
+        s_row = _scale(k // block_size, m, False, device)
+    return q_row, s_row, *empty_cast_t(x_shape, fmt, block_size, device, blocked)
 
 
 # The names tools/bench imported before these were public; kept until it imports the

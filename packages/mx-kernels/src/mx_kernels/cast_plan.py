@@ -1,6 +1,7 @@
 """Plans of the cast calls: everything a cast derives from its arguments, built once per
 distinct (op, layout, shape, strides, dtype, device, format, block size, scale mode,
-backend), so that a call is a dict lookup, its output allocations and the kernel launch.
+backend, scale layout), so that a call is a dict lookup, its output allocations and the
+kernel launch.
 
 A cast's host time is measured against kernels of a few microseconds, and each Python
 step of the checks, the backend choice, the output shapes and the launch arguments
@@ -14,6 +15,10 @@ launch hooks, ``MX_KERNELS_CACHED_LAUNCH`` and ``MX_KERNELS_CHECK_LAUNCH``
 Layouts: an op (``torch.ops.mx.*``) returns contiguous buffers; the public functions
 return some scales transposed (:mod:`mx_kernels.cast`), so their plans allocate those
 column-major directly (one ``torch.empty_strided`` each, no view afterwards).
+
+Scale layouts (:data:`SCALE_LAYOUTS`): ``"plain"``, the layouts above; ``"blocked"``,
+each scale matrix as the 1-D bytes of cuBLAS's blocked layout (:mod:`mx_kernels.swizzle`),
+which the Triton kernel writes at their blocked offsets and the reference swizzles.
 """
 
 from __future__ import annotations
@@ -36,14 +41,18 @@ from mx_kernels.backend import (
 )
 from mx_kernels.cast_launch import empty_both, empty_cast, empty_cast_t, launch_args, no_output
 from mx_kernels.launch import PreparedLaunch
+from mx_kernels.swizzle import swizzle_scales
 
 __all__ = [
     "CAST_ARGS",
     "DIMS",
     "MAX_PLANS",
     "REFERENCES",
+    "SCALE_LAYOUTS",
     "CastPlan",
+    "blocked_layout",
     "check_args",
+    "check_scale_layout",
     "choose",
     "clear_plans",
     "plan_for",
@@ -66,6 +75,8 @@ DIMS: dict[str, tuple[int, ...]] = {
 # op -> mx-core's reference, (x, fmt, block_size, scale_mode) -> the op's outputs; the
 # op modules (cast, fake_quant) register theirs.
 REFERENCES: dict[str, Callable] = {}
+SCALE_LAYOUTS: tuple[str, ...] = ("plain", "blocked")
+"""The casts' ``scale_layout`` values (:func:`check_scale_layout`)."""
 MAX_PLANS = 4096  # distinct call signatures kept before starting afresh
 _PLANS: dict[tuple, CastPlan] = {}
 
@@ -85,34 +96,56 @@ def public_layout(outs):
     return q_row, s_row_buf.t(), q_col, s_col_buf.t()
 
 
+def blocked_layout(op: str, outs):
+    """A quantize op's plain outputs with each scale matrix swizzled into the blocked
+    layout, flat: the reference of ``scale_layout="blocked"``."""
+    if op == "quantize_rowwise":  # (qdata, scale [M, K // bs])
+        return outs[0], swizzle_scales(outs[1]).view(-1)
+    if op == "quantize_colwise":  # (qdata_t, scale buffer [M // bs, K] of x^T's [K, M // bs])
+        return outs[0], swizzle_scales(outs[1].t()).view(-1)
+    q_row, s_row_buf, q_col, s_col_buf = outs  # quantize_both: both buffers transposed
+    return (
+        q_row,
+        swizzle_scales(s_row_buf.t()).view(-1),
+        q_col,
+        swizzle_scales(s_col_buf.t()).view(-1),
+    )
+
+
 _PUBLIC_VIEWS: dict[str, Callable] = {
     "quantize_colwise": public_layout,
     "quantize_both": public_layout,
 }
 
 
-def plan_for(op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, backend):
+def plan_for(
+    op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, backend,
+    scale_layout="plain",
+):  # fmt: skip
     """The plan of cast ``op`` for these arguments, made (by the checks) on their first
     call; calling it on x runs the cast. ``public``: the public function's layout and
     argument checks (:func:`check_args`); otherwise the op's (its body, given canonical
-    names)."""
+    names). ``scale_layout``: one of :data:`SCALE_LAYOUTS` (quantize ops only)."""
     key = (
         op, public, x.shape, x.stride(), x.dtype, x.device, fmt, block_size, scale_mode,
-        backend, x.is_cuda or interpreter_enabled(),
+        backend, x.is_cuda or interpreter_enabled(), scale_layout,
     )  # fmt: skip
+    args = (op, public, x, fmt, block_size, scale_mode, backend, scale_layout)
     try:
         plan = _PLANS.get(key)
     except TypeError:  # an unhashable argument: the checks name it
-        return _plan(op, public, x, fmt, block_size, scale_mode, backend)
+        return _plan(*args)
     if plan is None:
-        plan = _plan(op, public, x, fmt, block_size, scale_mode, backend)
+        plan = _plan(*args)
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
 
 
-def check_args(fn: str, x, fmt, block_size, scale_mode, backend) -> tuple[str, str]:
+def check_args(
+    fn: str, x, fmt, block_size, scale_mode, backend, scale_layout="plain"
+) -> tuple[str, str]:
     """Validate the public functions' arguments that the op bodies do not see as
     tensors; returns the format's and the scale mode's canonical names. The shape
     checks run in the op bodies (:func:`choose`), on the tensors that really run."""
@@ -120,6 +153,7 @@ def check_args(fn: str, x, fmt, block_size, scale_mode, backend) -> tuple[str, s
         raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     if isinstance(block_size, bool) or not isinstance(block_size, int):
         raise TypeError(f"{fn}: block_size must be an int, got {type(block_size).__name__}")
+    check_scale_layout(fn, scale_layout, block_size, x.shape)
     names = _names.__wrapped__ if torch.compiler.is_compiling() else _names  # dynamo: no caches
     try:
         try:
@@ -128,6 +162,29 @@ def check_args(fn: str, x, fmt, block_size, scale_mode, backend) -> tuple[str, s
             return _names.__wrapped__(fmt, scale_mode, backend)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{fn}: {e}") from None
+
+
+def check_scale_layout(fn: str, scale_layout, block_size, shape) -> None:
+    """Raise ValueError unless ``scale_layout`` is one of :data:`SCALE_LAYOUTS` and, for
+    ``"blocked"``, ``block_size`` is 32 and x of ``shape`` is 2-D: the blocked layout is
+    the one cuBLAS's MX GEMM reads, for 2-D operands with blocks of 32."""
+    if scale_layout == "plain":
+        return
+    if scale_layout != "blocked":
+        allowed = ", ".join(repr(s) for s in SCALE_LAYOUTS)
+        raise ValueError(f"{fn}: scale_layout={scale_layout!r} is not one of {allowed}")
+    if fn.startswith("fake_"):
+        raise ValueError(f"{fn}: scale_layout='blocked' is for casts that return scales")
+    if block_size != 32:
+        raise ValueError(
+            f"{fn}: scale_layout='blocked' needs block_size=32 (the block of cuBLAS's MX "
+            f"GEMM), got block_size={block_size}"
+        )
+    if len(shape) != 2:
+        raise ValueError(
+            f"{fn}: scale_layout='blocked' needs a 2-D x [M, K] (a GEMM operand), got shape "
+            f"{tuple(shape)}"
+        )
 
 
 @functools.lru_cache(maxsize=256)
@@ -199,15 +256,15 @@ def _fake_quantize_both_run(plan: CastPlan) -> Callable:
     return run
 
 
-def _op_outputs(op: str, shape, f: ElementFormat, block_size: int, dtype: torch.dtype):
+def _op_outputs(op: str, shape, f: ElementFormat, block_size: int, dtype, blocked: bool):
     """The op's outputs as meta tensors, and for each of the kernel's outputs (q_row,
     s_row, q_col, s_col) which of them it writes there (None: none)."""
     if op == "quantize_rowwise":
-        return empty_cast(shape, f, block_size, "meta"), (0, 1, None, None)
+        return empty_cast(shape, f, block_size, "meta", blocked), (0, 1, None, None)
     if op == "quantize_colwise":
-        return empty_cast_t(shape, f, block_size, "meta"), (None, None, 0, 1)
+        return empty_cast_t(shape, f, block_size, "meta", blocked), (None, None, 0, 1)
     if op == "quantize_both":
-        return empty_both(shape, f, block_size, "meta"), (0, 1, 2, 3)
+        return empty_both(shape, f, block_size, "meta", blocked), (0, 1, 2, 3)
     row = torch.empty(shape, dtype=dtype, device="meta")  # fake quantization: x's shape
     if op == "fake_quantize_rowwise":
         return (row,), (0, None, None, None)
@@ -220,25 +277,32 @@ def _reshape_2d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-def _plan(op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, backend):
+def _plan(op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, backend, layout):
     if public:
-        fmt, scale_mode = check_args(op, x, fmt, block_size, scale_mode, backend)
+        fmt, scale_mode = check_args(op, x, fmt, block_size, scale_mode, backend, layout)
+    else:
+        check_scale_layout(op, layout, block_size, x.shape)
     f = get_format(fmt)
     impl, why = choose(op, backend, x, block_size, DIMS[op])
     logs = [(op, impl, x.device.type, why)]
-    view = _PUBLIC_VIEWS.get(op) if public else None
+    blocked = layout == "blocked"
+    view = _PUBLIC_VIEWS.get(op) if public and not blocked else None  # blocked: flat
     if impl == "reference":
         reference = REFERENCES[op]
 
         def run_reference(x):
             out = reference(x, f, block_size, scale_mode)
+            if blocked:
+                return blocked_layout(op, out)
             return out if view is None else view(out)
 
         return CastPlan(tuple(logs), run_reference)
-    return _triton_plan(op, x, f, block_size, scale_mode, logs, view)
+    return _triton_plan(op, x, f, block_size, scale_mode, logs, view, blocked)
 
 
-def _triton_plan(op, x, f: ElementFormat, block_size: int, scale_mode: str, logs: list, view):
+def _triton_plan(
+    op, x, f: ElementFormat, block_size: int, scale_mode: str, logs: list, view, blocked: bool
+):
     """The Triton cast's plan: the op's outputs laid out on meta tensors (the same
     functions allocate them in the fake implementations), the public views of them,
     and the launch arguments of :func:`mx_kernels.cast_launch.launch_args` for them."""
@@ -262,14 +326,14 @@ def _triton_plan(op, x, f: ElementFormat, block_size: int, scale_mode: str, logs
         # it reads a copy.
         logs.append((op, "triton", device.type, "fp4, x strided along K: copy"))
         prepare, strides = operator.methodcaller("contiguous"), (k, 1)
-    outs, slot_idx = _op_outputs(op, shape, f, block_size, x.dtype)
+    outs, slot_idx = _op_outputs(op, shape, f, block_size, x.dtype, blocked)
     kernel_outs = [None if i is None else outs[i] for i in slot_idx]
-    if op == "quantize_both":
+    if op == "quantize_both" and not blocked:
         kernel_outs[1] = outs[1].t()  # written through the scale buffer's transpose
     fake = op.startswith("fake_")
     launcher, grid, ints = launch_args(
         (m, k), tuple(strides), device, f, block_size, scale_mode, *kernel_outs,
-        dequantized=fake,
+        dequantized=fake, blocked=blocked,
     )  # fmt: skip
     returned = outs if view is None else view(outs)
     u8 = None if fake else torch.uint8

@@ -158,6 +158,26 @@ def _pack(codes, PACK: tl.constexpr):
 
 
 @triton.jit
+def _blocked_offsets(r, c, C):
+    """Byte offsets of elements (r, c) of a scale matrix [R, C] in cuBLAS's blocked
+    layout (:mod:`mx_kernels.swizzle`): padded to [ceil128(R), ceil4(C)], 128x4 tiles in
+    row-major tile order, 512 bytes each, tile element (r % 128, c % 4) at byte
+    (r % 32) * 16 + (r % 128 // 32) * 4 + c % 4."""
+    tile = (r // 128) * ((C + 3) // 4) + c // 4
+    return tile * 512 + (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
+
+
+@triton.jit
+def _grid_extent(n, BLOCKED: tl.constexpr):
+    """How far along a dim of size n the grid runs: n, or with BLOCKED ceil128(n), which
+    with blocks of 32 is where the blocked layout's padding ends along both dims of x
+    (rows of one cast's scales, 4 blocks of columns of the other's)."""
+    if BLOCKED:
+        n = (n + 127) // 128 * 128
+    return n
+
+
+@triton.jit
 def mx_cast_kernel(
     x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr,
     M, K, stride_xm, stride_xk, stride_sm, stride_sk, TILES_PER_PROGRAM,
@@ -166,7 +186,7 @@ def mx_cast_kernel(
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
     DEQ: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr, K_FIRST: tl.constexpr,
-    LANES_M: tl.constexpr, S_ROW_T: tl.constexpr, WORDS_T: tl.constexpr,
+    LANES_M: tl.constexpr, S_ROW_T: tl.constexpr, WORDS_T: tl.constexpr, BLOCKED: tl.constexpr,
 ):  # fmt: skip
     """Rowwise and/or columnwise MX cast of x [M, K], tile by [BLOCK_M, BLOCK_K] tile.
 
@@ -174,7 +194,11 @@ def mx_cast_kernel(
     column-major at strides (stride_sm, stride_sk) = (1, M). Columnwise writes the cast of
     x^T: q_t [K, M // PACK] row-major and its scales s_t [K, M // BS] stored column-major
     (as the row-major [M // BS, K] buffer s_t.t()). PACK = 2 packs fp4 codes two per
-    byte along the blocked dim. All outputs are uint8 views.
+    byte along the blocked dim. All outputs are uint8 views. BLOCKED (BS = 32) writes each
+    scale matrix instead as the 1-D bytes of cuBLAS's blocked layout
+    (:func:`_blocked_offsets`), padding included: the grid then covers x padded to
+    [ceil128(M), ceil128(K)], whose masked loads make all-zero blocks, and an all-zero
+    block's scale is byte 0, the padding's value.
 
     DEQ (fake quantization) writes the dequantized values instead, rounded to the
     outputs' dtype, both in x's [M, K] layout (contiguous), and no scales.
@@ -186,29 +210,29 @@ def mx_cast_kernel(
     fall outside x and every mask.
     """
     if PERSISTENT:
-        tiles_k = tl.cdiv(K, BLOCK_K)
+        tiles_k = tl.cdiv(_grid_extent(K, BLOCKED), BLOCK_K)
         for i in tl.range(0, TILES_PER_PROGRAM, num_stages=STAGES):
             tile = tl.program_id(0) + i * tl.num_programs(0)
             _cast_tile(
                 x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
                 stride_sm, stride_sk, tile // tiles_k, tile % tiles_k, BLOCK_M, BLOCK_K, BS,
                 FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND,
-                ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T,
+                ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T, BLOCKED,
             )  # fmt: skip
     elif K_FIRST:
-        tiles_k = tl.cdiv(K, BLOCK_K)
+        tiles_k = tl.cdiv(_grid_extent(K, BLOCKED), BLOCK_K)
         _cast_tile(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
             stride_sm, stride_sk, tl.program_id(0) // tiles_k, tl.program_id(0) % tiles_k,
             BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK,
-            HW_ROUND, ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T,
+            HW_ROUND, ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T, BLOCKED,
         )  # fmt: skip
     else:
         _cast_tile(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
             stride_sm, stride_sk, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_K, BS,
             FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE,
-            COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T,
+            COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T, BLOCKED,
         )  # fmt: skip
 
 
@@ -221,6 +245,7 @@ def _cast_tile(
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
     DEQ: tl.constexpr, LANES_M: tl.constexpr, S_ROW_T: tl.constexpr, WORDS_T: tl.constexpr,
+    BLOCKED: tl.constexpr,
 ):  # fmt: skip
     """Tile (pid_m, pid_k) of :func:`mx_cast_kernel`.
 
@@ -263,12 +288,19 @@ def _cast_tile(
             q_ptrs = q_row_ptr + offs_r[:, None] * (K // PACK) + offs_q[None, :]
             tl.store(q_ptrs, codes, mask=q_mask)
             offs_s = pid_k * (BLOCK_K // BS) + tl.arange(0, BLOCK_K // BS)
-            s_mask = (offs_r[:, None] < M) & (offs_s[None, :] < K // BS)
+            if BLOCKED:  # the padding too (all-zero blocks: scale byte 0)
+                s_mask = (offs_r[:, None] < _grid_extent(M, BLOCKED)) & (
+                    offs_s[None, :] < (K // BS + 3) // 4 * 4
+                )
+            else:
+                s_mask = (offs_r[:, None] < M) & (offs_s[None, :] < K // BS)
             # Column-major through the runtime strides (stride_sm == 1, specialised by
             # Triton): the exact form measured on the H200 (BENCHMARKS.md,
             # 2026-12-03 'Casts: column-major rowwise scales').
             if S_ROW_T:
                 s_ptrs = s_row_ptr + offs_r[:, None] * stride_sm + offs_s[None, :] * stride_sk
+            elif BLOCKED:
+                s_ptrs = s_row_ptr + _blocked_offsets(offs_r[:, None], offs_s[None, :], K // BS)
             else:
                 s_ptrs = s_row_ptr + offs_r[:, None] * (K // BS) + offs_s[None, :]
             tl.store(s_ptrs, tl.reshape(scale, (BLOCK_M, BLOCK_K // BS)), mask=s_mask)
@@ -305,6 +337,14 @@ def _cast_tile(
             # The scales of x^T are stored [M // BS, K] (see mx_kernels.cast): whole rows
             # of BLOCK_K bytes, not BLOCK_M // BS bytes in each of BLOCK_K rows.
             offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)
-            s_mask = (offs_s[:, None] < M // BS) & (offs_k[None, :] < K)
-            s_ptrs = s_col_ptr + offs_s[:, None] * K + offs_k[None, :]
+            if BLOCKED:  # the padding too, as above
+                s_mask = (offs_s[:, None] < (M // BS + 3) // 4 * 4) & (
+                    offs_k[None, :] < _grid_extent(K, BLOCKED)
+                )
+            else:
+                s_mask = (offs_s[:, None] < M // BS) & (offs_k[None, :] < K)
+            if BLOCKED:  # x^T's scale matrix [K, M // BS]: row k, column offs_s
+                s_ptrs = s_col_ptr + _blocked_offsets(offs_k[None, :], offs_s[:, None], M // BS)
+            else:
+                s_ptrs = s_col_ptr + offs_s[:, None] * K + offs_k[None, :]
             tl.store(s_ptrs, tl.reshape(scale, (BLOCK_M // BS, BLOCK_K)), mask=s_mask)
