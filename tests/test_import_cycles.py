@@ -16,10 +16,11 @@ PACKAGES = ("mx_core", "mx_kernels", "mx_dtensor", "mx_nn")
 KERNEL_LAYERS = {
     "ops": {
         "__init__", "cast", "fake_quant", "inline_casts", "cast_plan", "dequant", "matmul",
-        "matmul_args", "cublas", "swizzle", "testing",
+        "matmul_args", "cublas", "swizzle", "testing", "norm_cast", "swiglu_cast",
     },
     "kernels": {
         "cast_triton", "cast_launch", "dequant_triton", "matmul_triton", "bf16_mm",
+        "fused_cast_triton", "norm_cast_triton", "swiglu_cast_triton",
     },
     "runtime": {"settings", "backend", "capability", "launch", "library"},
 }  # fmt: skip

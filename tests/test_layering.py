@@ -91,7 +91,8 @@ def test_numerics_report_runs():
 
 
 BENCHMARKS = ["casts.py", "gemm.py", "linear.py", "tp_layer.py", "host_cost.py",
-              "dtensor_overhead.py", "parallelize_overhead.py", "multi_gpu.py"]  # fmt: skip
+              "dtensor_overhead.py", "parallelize_overhead.py", "multi_gpu.py",
+              "fused.py"]  # fmt: skip
 DIAGNOSTICS = ["diagnose_casts.py", "profile_casts.py", "repro_both_fp4.py"]
 
 

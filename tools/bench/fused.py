@@ -191,6 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--mode", default="rceil")
     p.add_argument("--colwise", action="store_true", help="also the both-casts kernels")
     p.add_argument("--sweep", action="store_true", help="also time other tiles")
+    p.add_argument("--quick", action="store_true", help="the first token count only")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("fused.py needs a CUDA GPU", file=sys.stderr)
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
     cases = []  # (label, (fused, unfused, bytes, check), sweep tiles)
     for colwise in (False, True) if args.colwise else (False,):
         kind = "both" if colwise else "rowwise"
-        for m in args.tokens:
+        for m in args.tokens[:1] if args.quick else args.tokens:
             norm = norm_case(m, args.fmt, args.mode, colwise, failures)
             cases.append((f"rms_norm {kind} {m}x{LLAMA3_8B['dim']}", norm, SWEEP["norm", kind]))
             swiglu = swiglu_case(m, args.fmt, args.mode, colwise, failures)

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from mx_kernels.dequant_triton import store_rounded
 
-__all__ = ["FMT_IDS", "MODE_IDS", "mx_cast_kernel"]
+__all__ = ["FMT_IDS", "MODE_IDS", "mx_block_cast", "mx_cast_kernel", "pack_codes"]
 
 # Scale modes and element formats as kernel constants.
 MODE_FLOOR = tl.constexpr(0)
@@ -68,7 +68,7 @@ def _nan_max(a, b):
 
 
 @triton.jit
-def _mx_block_cast(
+def mx_block_cast(
     blocks,
     AXIS: tl.constexpr,
     FMT: tl.constexpr,
@@ -144,11 +144,11 @@ def _mx_block_cast(
         scale_bits = tl.where(e == -127, 1 << 22, (e + 127) << 23)
         scale_bits = tl.where(nonfinite, 0x7FC00000, scale_bits)
         codes = values * scale_bits.to(tl.float32, bitcast=True)
-    return codes, scale  # one return: see _pack
+    return codes, scale  # one return: see pack_codes
 
 
 @triton.jit
-def _pack(codes, PACK: tl.constexpr):
+def pack_codes(codes, PACK: tl.constexpr):
     """[R, C] uint8 codes -> [R, C // PACK]: PACK = 2 puts pairs in one byte, low first."""
     # One return: triton 3.6 rejects returns of different shapes even under a constexpr if.
     if PACK == 2:
@@ -275,14 +275,14 @@ def _cast_tile(
     TOP: tl.constexpr = 15 if x_ptr.dtype.element_ty == tl.float16 else 127  # mx_core.top_exponent
     if ROWWISE:
         blocks = tl.reshape(x, (BLOCK_M, BLOCK_K // BS, BS))
-        codes, scale = _mx_block_cast(
+        codes, scale = mx_block_cast(
             blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ, TOP
         )  # fmt: skip
         if DEQ:
             out_ptrs = q_row_ptr + offs_r[:, None] * K + offs_k[None, :]
             store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask, HW_ROUND)
         else:
-            codes = _pack(tl.reshape(codes, (BLOCK_M, BLOCK_K)), PACK)
+            codes = pack_codes(tl.reshape(codes, (BLOCK_M, BLOCK_K)), PACK)
             offs_q = pid_k * (BLOCK_K // PACK) + tl.arange(0, BLOCK_K // PACK)
             q_mask = (offs_r[:, None] < M) & (offs_q[None, :] < K // PACK)
             q_ptrs = q_row_ptr + offs_r[:, None] * (K // PACK) + offs_q[None, :]
@@ -310,7 +310,7 @@ def _cast_tile(
             blocks = tl.reshape(tl.permute(blocks, (1, 0, 2, 3)), (BLOCK_M // BS, BS, BLOCK_K))
         else:
             blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
-        codes, scale = _mx_block_cast(
+        codes, scale = mx_block_cast(
             blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ, TOP
         )  # fmt: skip
         if DEQ:
@@ -328,7 +328,7 @@ def _cast_tile(
             w_ptrs = q_col_ptr.to(tl.pointer_type(tl.int32)) + offs_k[:, None] * (M // 4)
             tl.store(w_ptrs + offs_w[None, :], tl.trans(words), mask=mask_t)
         else:
-            codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
+            codes_t = pack_codes(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
             offs_q = pid_m * (BLOCK_M // PACK) + tl.arange(0, BLOCK_M // PACK)
             mask_t = (offs_k[:, None] < K) & (offs_q[None, :] < M // PACK)
             q_ptrs = q_col_ptr + offs_k[:, None] * (M // PACK) + offs_q[None, :]

@@ -20,7 +20,7 @@ from mx_core import ElementFormat
 
 # The block cast and the fp4 packer are module-private in cast_triton; the fused kernels
 # call them rather than keep copies (the cast kernel's numerics stay in one place).
-from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, _mx_block_cast, _pack
+from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_block_cast, pack_codes
 
 __all__ = [
     "FusedTile",
@@ -95,10 +95,10 @@ def store_rowwise_cast(
     outside [M, K] are not written. TOP: :func:`mx_core.top_exponent` of the dtype y
     stands for."""
     blocks = tl.reshape(y, (BLOCK_M, BLOCK_K // BS, BS))
-    codes, scale = _mx_block_cast(
+    codes, scale = mx_block_cast(
         blocks, 2, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, False, TOP
     )  # fmt: skip
-    codes = _pack(tl.reshape(codes, (BLOCK_M, BLOCK_K)), PACK)
+    codes = pack_codes(tl.reshape(codes, (BLOCK_M, BLOCK_K)), PACK)
     offs_r = row_start + tl.arange(0, BLOCK_M)
     offs_q = k_start // PACK + tl.arange(0, BLOCK_K // PACK)
     q_mask = (offs_r[:, None] < M) & (offs_q[None, :] < K // PACK)
@@ -122,10 +122,10 @@ def store_colwise_cast(
     ``mx::quantize_both``: codes to q_t [K, M // PACK] row-major, scales to the buffer
     [M // BS, K] (row-major; the public scale_t is its transpose)."""
     blocks = tl.reshape(y, (BLOCK_M // BS, BS, BLOCK_K))
-    codes, scale = _mx_block_cast(
+    codes, scale = mx_block_cast(
         blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, False, TOP
     )  # fmt: skip
-    codes_t = _pack(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
+    codes_t = pack_codes(tl.trans(tl.reshape(codes, (BLOCK_M, BLOCK_K))), PACK)
     offs_k = k_start + tl.arange(0, BLOCK_K)
     offs_q = row_start // PACK + tl.arange(0, BLOCK_M // PACK)
     q_mask = (offs_k[:, None] < K) & (offs_q[None, :] < M // PACK)

@@ -76,7 +76,12 @@ from mx_nn.casts.layer import (
 )
 from mx_nn.casts.scopes import add_cast_scope
 from mx_nn.config import MXLinearConfig, MXRecipe
-from mx_nn.dtensor.local_shards import local_shards_enabled, on_local_shards, reduced
+from mx_nn.dtensor.local_shards import (
+    check_local_shard,
+    local_shards_enabled,
+    on_local_shards,
+    reduced,
+)
 from mx_nn.dtensor.placements import linear_layout
 
 __all__ = ["MXLinear", "route_bf16_gemms", "share_input_casts"]
@@ -271,11 +276,16 @@ class MXLinear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, weight, device = input, self.weight, input.device
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
+        # in_features, or this rank's part of it where a framework hands each linear
+        # plain local shards (torchtitan 0.3's spmd_types backend; test_torchtitan_tp.py)
+        k = weight.shape[-1]
+        if x.dim() == 0 or x.shape[-1] != k:
             raise ValueError(
-                f"{self.layer_name}: input of shape {tuple(x.shape)} must be [..., "
-                f"in_features={self.in_features}]"
+                f"{self.layer_name}: input of shape {tuple(x.shape)} must be [..., {k}] "
+                f"(the weight is {tuple(weight.shape)})"
             )
+        if k != self.in_features or weight.shape[0] != self.out_features:
+            check_local_shard(self.layer_name, self.config.block_size, weight)
         # Under autocast both operands are cast as F.linear would cast them, and the MX
         # GEMMs run outside it. (Asked of any device first: one call, where asking of
         # this device costs a few.)

@@ -31,7 +31,13 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
 from mx_nn.dtensor.placements import LinearLayout
 
-__all__ = ["dispatch_per_op", "local_shards_enabled", "on_local_shards", "reduced"]
+__all__ = [
+    "check_local_shard",
+    "dispatch_per_op",
+    "local_shards_enabled",
+    "on_local_shards",
+    "reduced",
+]
 
 # torch 2.13's from_local takes the gradient's placements; 2.11's has no such argument
 # and hands a Partial gradient of a Partial output back unreduced.
@@ -243,3 +249,27 @@ class _ReduceGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         return reduced(grad)
+
+
+def check_local_shard(layer_name: str, block_size: int, weight: torch.Tensor) -> None:
+    """Check a weight that is a plain tensor of other than the layer's full shape: the
+    local shard a framework hands each linear (torchtitan 0.3's spmd_types backend)
+    must keep whole MX blocks along both dims.
+
+    Args:
+        layer_name: how errors name the layer (``MXLinear.layer_name``).
+        block_size: the layer's MX block size.
+        weight: the layer's weight as its forward sees it.
+
+    Raises:
+        ValueError: a DTensor, not 2-D, or a dim not a multiple of ``block_size``.
+    """
+    if (
+        isinstance(weight, DTensor)
+        or weight.dim() != 2
+        or any(d % block_size for d in weight.shape)
+    ):
+        raise ValueError(
+            f"{layer_name}: weight of shape {tuple(weight.shape)} is neither the full "
+            f"weight nor a local shard of whole {block_size}-element MX blocks"
+        )
