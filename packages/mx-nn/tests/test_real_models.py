@@ -54,15 +54,7 @@ def test_real_models_at_tp2_with_sequence_parallelism(recipe):
     "recipe",
     [
         None,
-        pytest.param(
-            "mxfp8",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="OLMo2's attention takes the embedding's all-reduced output as it "
-                "comes (an AsyncCollectiveTensor: no norm before attention), whose "
-                "untyped_storage() mx_nn.casts.scopes reads for its cast-sharing key",
-            ),
-        ),
+        "mxfp8",
     ],
 )
 def test_olmo2_at_tp2_without_sequence_parallelism(recipe):

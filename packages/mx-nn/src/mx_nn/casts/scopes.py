@@ -36,6 +36,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 
 __all__ = [
@@ -63,6 +64,8 @@ def _identity(x: torch.Tensor) -> tuple | None:
     if isinstance(x, DTensor):
         placements = (x.placements, id(x.device_mesh))
         x = x._local_tensor
+    if isinstance(x, AsyncCollectiveTensor):  # a collective's output, read as it comes
+        x = x.trigger_wait()  # (parallelize's embedding before OLMo2's attention)
     if x.is_inference():
         return None
     return (
