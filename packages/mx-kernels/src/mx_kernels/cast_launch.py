@@ -117,23 +117,14 @@ def launch_config(
     (TRITON_INTERPRET on a CPU tensor) keys the cache, since it changes the default
     tile. ``blocked``: the scales go out in cuBLAS's blocked layout (a kernel of its
     own, so the plain layouts' kernels are unchanged)."""
-    from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_cast_kernel
+    from mx_kernels.cast_triton import format_constants, mx_cast_kernel
 
     fmt = get_format(fmt_name)
     t = _tile(kind, block_size, tile, interpreter)
     constants = dict(
         BLOCK_M=t.block_m,
         BLOCK_K=t.block_k,
-        BS=block_size,
-        FMT=FMT_IDS[fmt.name],
-        MODE=MODE_IDS[scale_mode],
-        EMAX=fmt.emax,
-        MBITS=fmt.mbits,
-        MAX_NORMAL=fmt.max_normal,
-        MAX_FRAC=fmt.max_normal_mantissa_bits,
-        EMIN=fmt.emin,
-        BITS=fmt.bits,
-        PACK=2 if fmt.is_packed else 1,
+        **format_constants(fmt, block_size, scale_mode),
         HW_ROUND=hw_round,
         ROWWISE=kind.endswith(("rowwise", "both")),
         COLWISE=kind.endswith(("colwise", "both")),

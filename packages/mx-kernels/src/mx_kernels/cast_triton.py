@@ -15,9 +15,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from mx_core import ElementFormat
 from mx_kernels.dequant_triton import store_rounded
 
-__all__ = ["FMT_IDS", "MODE_IDS", "mx_block_cast", "mx_cast_kernel", "pack_codes"]
+__all__ = [
+    "FMT_IDS",
+    "MODE_IDS",
+    "format_constants",
+    "mx_block_cast",
+    "mx_cast_kernel",
+    "pack_codes",
+]
 
 # Scale modes and element formats as kernel constants.
 MODE_FLOOR = tl.constexpr(0)
@@ -65,6 +73,24 @@ def _encode_codes(r, MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr
 def _nan_max(a, b):
     # NaN must win (a block holding NaN gets the NaN scale); a plain max drops it.
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+def format_constants(fmt: ElementFormat, block_size: int, scale_mode: str) -> dict:
+    """The format, block and scale-mode constexprs of :func:`mx_block_cast` for one
+    element format (``fmt``, an mx-core ``ElementFormat``), block size and scale mode
+    (a canonical name: ``"rceil"``...); the casts' launches and the fused kernels'."""
+    return dict(
+        BS=block_size,
+        FMT=FMT_IDS[fmt.name],
+        MODE=MODE_IDS[scale_mode],
+        EMAX=fmt.emax,
+        MBITS=fmt.mbits,
+        MAX_NORMAL=fmt.max_normal,
+        MAX_FRAC=fmt.max_normal_mantissa_bits,
+        EMIN=fmt.emin,
+        BITS=fmt.bits,
+        PACK=2 if fmt.is_packed else 1,
+    )
 
 
 @triton.jit

@@ -20,7 +20,7 @@ from mx_core import ElementFormat
 
 # The block cast and the fp4 packer are module-private in cast_triton; the fused kernels
 # call them rather than keep copies (the cast kernel's numerics stay in one place).
-from mx_kernels.cast_triton import FMT_IDS, MODE_IDS, mx_block_cast, pack_codes
+from mx_kernels.cast_triton import format_constants, mx_block_cast, pack_codes
 
 __all__ = [
     "FusedTile",
@@ -44,20 +44,9 @@ class FusedTile(NamedTuple):
 
 
 def cast_constants(fmt: ElementFormat, block_size: int, scale_mode: str) -> dict:
-    """The constexprs of :func:`store_rowwise_cast` / :func:`store_colwise_cast` for one
-    format (``fmt``), block size and scale mode (a canonical name: ``"rceil"``...)."""
-    return dict(
-        BS=block_size,
-        FMT=FMT_IDS[fmt.name],
-        MODE=MODE_IDS[scale_mode],
-        EMAX=fmt.emax,
-        MBITS=fmt.mbits,
-        MAX_NORMAL=fmt.max_normal,
-        MAX_FRAC=fmt.max_normal_mantissa_bits,
-        EMIN=fmt.emin,
-        BITS=fmt.bits,
-        PACK=2 if fmt.is_packed else 1,
-    )
+    """The constexprs of :func:`store_rowwise_cast` / :func:`store_colwise_cast`:
+    :func:`mx_kernels.cast_triton.format_constants` (the same as the casts')."""
+    return format_constants(fmt, block_size, scale_mode)
 
 
 @triton.jit
