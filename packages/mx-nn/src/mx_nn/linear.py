@@ -280,9 +280,10 @@ class MXLinear(nn.Linear):
         # plain local shards (torchtitan 0.3's spmd_types backend; test_torchtitan_tp.py)
         k = weight.shape[-1]
         if x.dim() == 0 or x.shape[-1] != k:
+            shard = "" if k == self.in_features else f" (this rank's shard: [..., {k}])"
             raise ValueError(
-                f"{self.layer_name}: input of shape {tuple(x.shape)} must be [..., {k}] "
-                f"(the weight is {tuple(weight.shape)})"
+                f"{self.layer_name}: input of shape {tuple(x.shape)} must be [..., "
+                f"in_features={self.in_features}]{shard}"
             )
         if k != self.in_features or weight.shape[0] != self.out_features:
             check_local_shard(self.layer_name, self.config.block_size, weight)
