@@ -9,7 +9,9 @@
 # host (per-op host time), tp (the seven linears of a Llama-3-8B layer at TP per-rank
 # shapes), tp_profile (where the TP=8 step's time goes), dtensor (the sharding rules at
 # tp=1), parallelize (parallelize at tp=1 against convert), train (mx-train, bf16 against
-# mxfp8 on a larger model). Each script's docstring says what it measures and its target.
+# mxfp8 on a larger model), gpu_check (every Triton kernel against mx-core's reference,
+# tools/gpu_check.py), fused (the fused producers against copy bandwidth), inline_ab
+# (inline casts against ops at TP=8 and 4), repro (diagnostics/repro_both_fp4.py). Each script's docstring says what it measures and its target.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$root/packages/mx-core/src:$root/packages/mx-kernels/src:$root/packages/mx-dtensor/src:$root/packages/mx-nn/src
@@ -30,9 +32,13 @@ steps=" ${STEPS:-casts gemm linear} "
 [[ $steps == *" casts "* ]] && step casts 250 python3 casts.py --check quick --sweep
 [[ $steps == *" gemm "* ]] && step gemm 200 python3 gemm.py --designs "$designs"
 [[ $steps == *" linear "* ]] && step linear 170 python3 linear.py --compile
+[[ $steps == *" gpu_check "* ]] && step gpu_check 300 python3 ../gpu_check.py
+[[ $steps == *" fused "* ]] && step fused 200 python3 fused.py --colwise --sweep
+[[ $steps == *" repro "* ]] && step repro 60 python3 diagnostics/repro_both_fp4.py
 [[ $steps == *" host "* ]] && step host 120 python3 host_cost.py --check
 [[ $steps == *" tp "* ]] && step tp 240 python3 tp_layer.py --cudagraphs
 [[ $steps == *" tp_profile "* ]] && step tp_profile 200 python3 tp_layer.py --profile --tp 8
+[[ $steps == *" inline_ab "* ]] && step inline_ab 200 python3 tp_layer.py --inline-ab --tp 8,4
 [[ $steps == *" dtensor "* ]] && step dtensor 150 python3 dtensor_overhead.py --compile
 [[ $steps == *" parallelize "* ]] && step parallelize 100 python3 parallelize_overhead.py
 [[ $steps == *" train "* ]] && step train 240 python3 -m mx_nn.train --compare --compile \
