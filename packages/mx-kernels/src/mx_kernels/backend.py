@@ -45,14 +45,22 @@ MATMUL_BACKENDS: tuple[str, ...] = MatmulBackend.choices()
 
 
 def interpreter_enabled() -> bool:
-    """True when Triton runs kernels on CPU tensors (``TRITON_INTERPRET=1``, read as
-    Triton reads it: :func:`mx_kernels.settings.triton_interpret`)."""
+    """Whether Triton runs kernels on CPU tensors.
+
+    Returns:
+        True when ``TRITON_INTERPRET=1``, read as Triton reads it
+        (:func:`mx_kernels.settings.triton_interpret`).
+    """
     return triton_interpret()
 
 
 @functools.cache
 def triton_available() -> bool:
-    """Whether ``import triton`` works (checked once, lazily: never at import time)."""
+    """Whether ``import triton`` works (checked once, lazily: never at import time).
+
+    Returns:
+        True when triton and its dependencies import.
+    """
     return _triton_import_error() is None
 
 
@@ -73,7 +81,14 @@ def _no_triton(op: str, device_type: str, backend: str) -> RuntimeError:
 
 
 def log_choice(op: str, backend: str, device_type: str, why: str) -> None:
-    """Log at INFO, once per distinct choice and reason, which backend ``op`` runs."""
+    """Log at INFO, once per distinct choice and reason, which backend ``op`` runs.
+
+    Args:
+        op: the op's name.
+        backend: the concrete backend that runs (``"triton"``, ``"reference"``...).
+        device_type: the tensors' device type (``"cuda"``, ``"cpu"``).
+        why: the reason, as the log line gives it; the four together key :data:`LOGGED`.
+    """
     key = (op, backend, device_type, why)
     if key not in LOGGED:
         LOGGED.add(key)
@@ -87,8 +102,15 @@ emptied, every choice is logged again."""
 
 
 def resolve_backend(op: str, backend: str, device: torch.device, allowed=BACKENDS) -> str:
-    """The concrete backend ``op`` runs for ``backend`` on ``device``.
+    """The concrete backend ``op`` runs for ``backend`` on ``device``, logged.
 
+    Args:
+        op: the op's name, for messages and the log.
+        backend: the requested backend, one of ``allowed``.
+        device: the tensors' device.
+        allowed: the backends ``op`` takes (default :data:`BACKENDS`).
+    Returns:
+        ``"triton"`` or ``"reference"``.
     Raises:
         ValueError: ``backend`` is not in ``allowed``.
         RuntimeError: Triton was asked for (or is the auto choice on CUDA) but cannot run:
@@ -135,7 +157,17 @@ TRITON_BLOCK_SIZES: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
 def resolve_backend_for(op: str, backend: str, device: torch.device, gap: str | None) -> str:
     """:func:`resolve_backend`, then the reference where Triton cannot run these
     arguments (``gap`` says why; None: it can): logged for ``"auto"``, a ValueError for
-    ``"triton"``."""
+    ``"triton"``.
+
+    Args:
+        op, backend, device: as :func:`resolve_backend` (``backend`` one of
+            :data:`BACKENDS`).
+        gap: why Triton cannot run these arguments, or None.
+    Returns:
+        ``"triton"`` or ``"reference"``.
+    Raises:
+        ValueError, RuntimeError: as :func:`choose_backend`.
+    """
     impl, why = choose_backend(op, backend, device, gap)
     log_choice(op, impl, device.type, why)
     return impl
@@ -143,7 +175,18 @@ def resolve_backend_for(op: str, backend: str, device: torch.device, gap: str | 
 
 def choose_backend(op: str, backend: str, device: torch.device, gap: str | None) -> tuple[str, str]:
     """:func:`resolve_backend_for`'s choice and its reason, without logging it (the
-    casts' plans log it on each call, once per process: :func:`log_choice`)."""
+    casts' plans log it on each call, once per process: :func:`log_choice`).
+
+    Args:
+        op, backend, device, gap: as :func:`resolve_backend_for`.
+    Returns:
+        ``(backend, why)``: ``"triton"`` or ``"reference"``, and the reason to log.
+    Raises:
+        ValueError: ``backend`` is not in :data:`BACKENDS`; or ``backend="triton"`` with
+            ``gap`` set.
+        RuntimeError: Triton was asked for (or is the auto choice on CUDA) but cannot run:
+            triton cannot be imported, or the tensor is on CPU without ``TRITON_INTERPRET=1``.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"{op}: backend={backend!r} is not one of {', '.join(BACKENDS)}")
     return _resolve(op, backend, device, gap)
@@ -157,8 +200,15 @@ def _resolve(op: str, backend: str, device: torch.device, gap: str | None) -> tu
 
 
 def persistent_programs(device: torch.device, per_sm: int = 1) -> int:
-    """Programs of a persistent grid: ``per_sm`` per SM on CUDA; 2 under the
-    interpreter, fewer than tiles, so the kernels' tile loops are exercised."""
+    """Programs of a persistent grid.
+
+    Args:
+        device: the tensors' device.
+        per_sm: programs per streaming multiprocessor on CUDA.
+    Returns:
+        ``per_sm`` times the SM count on CUDA; 2 elsewhere (the interpreter), fewer than
+        tiles, so the kernels' tile loops are exercised.
+    """
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count * per_sm
     return 2

@@ -179,6 +179,9 @@ def quantize_colwise(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MX cast of a 2-D x [M, K] with blocks along M, laid out as the cast of x^T.
 
+    Args:
+        x: [M, K] fp32/bf16/fp16, M divisible by ``block_size``; any strides.
+        fmt, block_size, scale_mode, backend, scale_layout: as :func:`quantize_rowwise`.
     Returns:
         ``(qdata_t, scale_t)``: qdata_t [K, M] (fp4: [K, M // 2]) row-major, and scale_t
         [K, M // block_size] stored column-major: ``scale_t.t()`` is the contiguous
@@ -216,6 +219,9 @@ def quantize_both(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rowwise and columnwise casts of a 2-D x [M, K] from one read of x.
 
+    Args:
+        x: [M, K] fp32/bf16/fp16, M and K divisible by ``block_size``; any strides.
+        fmt, block_size, scale_mode, backend, scale_layout: as :func:`quantize_rowwise`.
     Returns:
         ``(q_row, s_row, q_col_t, s_col_t)``: the values of :func:`quantize_rowwise` then
         :func:`quantize_colwise` of x. q_row [M, K] and q_col_t [K, M] are row-major

@@ -113,10 +113,23 @@ def launch_config(
 ) -> tuple[CastTile, KernelLauncher]:
     """The tile and the launcher (kernel constants bound) of one cast configuration:
     built once, since a cast's host time is measured against a kernel of a few to tens
-    of microseconds (BENCHMARKS.md, 2026-12-03 'Host cost per op'). ``interpreter``
-    (TRITON_INTERPRET on a CPU tensor) keys the cache, since it changes the default
-    tile. ``blocked``: the scales go out in cuBLAS's blocked layout (a kernel of its
-    own, so the plain layouts' kernels are unchanged)."""
+    of microseconds (BENCHMARKS.md, 2026-12-03 'Host cost per op').
+
+    Args:
+        kind: a key of :data:`TILE_CONFIGS` (``"rowwise"``, ..., ``"fake_both"``).
+        fmt_name, block_size, scale_mode: the format's canonical name, elements per
+            scale, and the scale mode's value.
+        tile: the fields of a :class:`CastTile` overriding the kind's, or None.
+        hw_round: round with the GPU's fp8 conversion (else fp32 arithmetic).
+        interpreter: TRITON_INTERPRET on a CPU tensor; it keys the cache, since it
+            changes the default tile.
+        s_row_t: the rowwise scales are column-major (strides (1, M)).
+        blocked: the scales go out in cuBLAS's blocked layout (a kernel of its own, so
+            the plain layouts' kernels are unchanged).
+    Returns:
+        ``(tile, launcher)``: the :class:`CastTile` fitted to the block size, and the
+        :class:`~mx_kernels.launch.KernelLauncher` of ``mx_cast_kernel`` (5 tensors).
+    """
     from mx_kernels.cast_triton import format_constants, mx_cast_kernel
 
     fmt = get_format(fmt_name)
@@ -144,7 +157,13 @@ def launch_config(
 
 @functools.cache
 def no_output(device: torch.device) -> torch.Tensor:
-    """A zero-size uint8 tensor passed for outputs a cast does not write."""
+    """A zero-size uint8 tensor passed for outputs a cast does not write.
+
+    Args:
+        device: the cast's device.
+    Returns:
+        The same empty uint8 tensor for every call on ``device`` (cached).
+    """
     return torch.empty(0, dtype=torch.uint8, device=device)
 
 
@@ -173,6 +192,15 @@ def launch_cast(
     blocked: bool = False,
 ) -> None:
     """Run the Triton cast on a 2-D x; None outputs are skipped.
+
+    Args:
+        x2d: [M, K] fp32/bf16/fp16, any strides.
+        fmt, block_size, scale_mode: the format, elements per scale (divides M for a
+            columnwise cast, K for a rowwise one), and the scale mode's value.
+        q_row, s_row: the rowwise codes [M, K] (fp4: [M, K // 2]) and E8M0 scales, or None.
+        q_col, s_col: the columnwise codes [K, M] (fp4: [K, M // 2]) and scales
+            [K, M // block_size], or None.
+        tile, hw_round, dequantized, blocked: below.
 
     ``dequantized``: q_row and q_col receive the fake-quantized values instead (in their
     own dtype, both [M, K] row-major), s_row and s_col must be None. ``s_row`` is
@@ -215,9 +243,22 @@ def launch_args(
     dequantized: bool = False,
     blocked: bool = False,
 ) -> tuple[KernelLauncher, tuple[int, ...], tuple[int, ...]]:
-    """:func:`launch_cast`'s launcher, grid and int arguments for an x [M, K] of ``strides``
-    on ``device``; the outputs are only looked at for which are given and s_row's
-    strides (meta tensors will do); ``blocked`` as in :func:`launch_cast`."""  # fmt: skip
+    """:func:`launch_cast`'s launcher, grid and int arguments for an x [M, K].
+
+    Args:
+        shape, strides: x's [M, K] and its strides, in elements.
+        device: x's device.
+        q_row, s_row, q_col, s_col: the outputs, only looked at for which are given and
+            s_row's strides (meta tensors will do).
+        fmt, block_size, scale_mode, tile, hw_round, dequantized, blocked: as
+            :func:`launch_cast`.
+    Returns:
+        ``(launcher, grid, ints)``: the :func:`launch_config` launcher, its grid, and the
+        kernel's ints ``(M, K, x strides, s_row strides, tiles per program)``.
+    Raises:
+        ValueError: s_row (not blocked) neither row-major nor 2-D column-major
+            (strides (1, M)).
+    """  # fmt: skip
     m, k = shape
     kind = _KINDS[(q_row is not None, q_col is not None, dequantized)]
     cuda = device.type == "cuda"
@@ -251,9 +292,14 @@ def launch_args(
 
 
 def blocked_scale_numel(rows, cols):
-    """Bytes of a [rows, cols] scale matrix in cuBLAS's blocked layout: the size of
-    :func:`mx_kernels.swizzle.swizzled_shape`, in arithmetic that symbolic sizes
-    (torch.compile's) go through."""
+    """Bytes of a [rows, cols] scale matrix in cuBLAS's blocked layout.
+
+    Args:
+        rows, cols: the scale matrix's shape (ints or torch.compile's symbolic sizes).
+    Returns:
+        ``ceil128(rows) * ceil4(cols)``: the size of
+        :func:`mx_kernels.swizzle.swizzled_shape`, in arithmetic symbolic sizes go through.
+    """
     return (rows + 127) // 128 * 128 * ((cols + 3) // 4 * 4)
 
 
@@ -265,8 +311,18 @@ def _scale(rows, cols, blocked: bool, device) -> torch.Tensor:
 def empty_cast(
     shape, fmt: ElementFormat, block_size: int, device, blocked: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uninitialised (qdata, scale) of a rowwise cast of a tensor of ``shape``;
-    ``blocked`` (2-D shape [M, K]): scale is the 1-D blocked layout of [M, K // block_size]."""
+    """Uninitialised outputs of a rowwise cast.
+
+    Args:
+        shape: x's shape [..., K].
+        fmt, block_size: the format and elements per scale.
+        device: where to allocate (``"meta"`` will do).
+        blocked: the scale in cuBLAS's blocked layout (2-D shape [M, K] only).
+    Returns:
+        ``(qdata, scale)``, contiguous: qdata [..., K] (fp4: [..., K // 2]) of the format's
+        storage dtype; scale [..., K // block_size] float8_e8m0fnu, or blocked the 1-D
+        :func:`blocked_scale_numel` bytes of [M, K // block_size].
+    """
     *lead, k = shape
     qk = k // 2 if fmt.is_packed else k
     qdata = torch.empty(*lead, qk, dtype=fmt.storage_dtype, device=device)
@@ -279,13 +335,18 @@ def empty_cast(
 def empty_cast_t(
     x_shape, fmt: ElementFormat, block_size: int, device, blocked: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uninitialised outputs of the columnwise op for a 2-D x of ``x_shape`` [M, K]:
-    qdata_t [K, M] and the scales' buffer [M // block_size, K], both contiguous.
+    """Uninitialised outputs of the columnwise op for a 2-D x of ``x_shape`` [M, K].
+    Arguments as :func:`empty_cast`.
 
-    The ops return that buffer and the public functions its transpose, scale_t: the
-    ops' outputs stay contiguous, since with a transposed output Inductor's generated
+    The ops return the scales' buffer and the public functions its transpose, scale_t:
+    the ops' outputs stay contiguous, since with a transposed output Inductor's generated
     code asserted contiguous strides once shapes turned dynamic (torch 2.13).
-    ``blocked``: the scales are instead the 1-D blocked layout of x^T's [K, M // block_size]."""
+
+    Returns:
+        ``(qdata_t, scale buffer)``: qdata_t [K, M] (fp4: [K, M // 2]) and the scales'
+        buffer [M // block_size, K], both contiguous; ``blocked``: the scales are instead
+        the 1-D blocked layout of x^T's [K, M // block_size].
+    """
     m, k = x_shape
     qdata_t = torch.empty(k, m // 2 if fmt.is_packed else m, dtype=fmt.storage_dtype, device=device)
     if blocked:
@@ -296,11 +357,15 @@ def empty_cast_t(
 def empty_both(
     x_shape, fmt: ElementFormat, block_size: int, device, blocked: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Uninitialised outputs of the both op for a 2-D x of ``x_shape`` [M, K]: q_row
-    [M, K] (fp4: [M, K // 2]), the rowwise scales' buffer [K // block_size, M] (the
-    public s_row is its transpose), then :func:`empty_cast_t`'s two; all contiguous.
-    ``blocked``: both scales are 1-D blocked layouts, of [M, K // block_size] and of
-    [K, M // block_size]."""
+    """Uninitialised outputs of the both op for a 2-D x of ``x_shape`` [M, K].
+    Arguments as :func:`empty_cast`.
+
+    Returns:
+        q_row [M, K] (fp4: [M, K // 2]), the rowwise scales' buffer [K // block_size, M]
+        (the public s_row is its transpose), then :func:`empty_cast_t`'s two; all
+        contiguous. ``blocked``: both scales are 1-D blocked layouts, of
+        [M, K // block_size] and of [K, M // block_size].
+    """
     m, k = x_shape
     q_row = torch.empty(m, k // 2 if fmt.is_packed else k, dtype=fmt.storage_dtype, device=device)
     if blocked:

@@ -16,9 +16,8 @@ Layouts: an op (``torch.ops.mx.*``) returns contiguous buffers; the public funct
 return some scales transposed (:mod:`mx_kernels.cast`), so their plans allocate those
 column-major directly (one ``torch.empty_strided`` each, no view afterwards).
 
-Scale layouts (:data:`SCALE_LAYOUTS`): ``"plain"``, the layouts above; ``"blocked"``,
-each scale matrix as the 1-D bytes of cuBLAS's blocked layout (:mod:`mx_kernels.swizzle`),
-which the Triton kernel writes at their blocked offsets and the reference swizzles.
+Scale layouts (:data:`SCALE_LAYOUTS`): ``"plain"``, the layouts above; ``"blocked"``, the 1-D
+bytes of cuBLAS's (:mod:`mx_kernels.swizzle`), which the kernel writes, the reference swizzles.
 """
 
 from __future__ import annotations
@@ -88,8 +87,13 @@ def clear_plans() -> None:
 
 
 def public_layout(outs):
-    """quantize_colwise's or quantize_both's public outputs from its op's: the scales'
-    buffers transposed (column-major)."""
+    """quantize_colwise's or quantize_both's public outputs from its op's.
+
+    Args:
+        outs: the op's outputs (2 or 4 tensors, each scale a contiguous buffer).
+    Returns:
+        ``outs`` with each scale buffer transposed: a column-major view, no copy.
+    """
     if len(outs) == 2:  # quantize_colwise: (qdata_t, scale buffer [M // bs, K])
         return outs[0], outs[1].t()
     q_row, s_row_buf, q_col, s_col_buf = outs  # quantize_both
@@ -97,8 +101,13 @@ def public_layout(outs):
 
 
 def blocked_layout(op: str, outs):
-    """A quantize op's plain outputs with each scale matrix swizzled into the blocked
-    layout, flat: the reference of ``scale_layout="blocked"``."""
+    """The reference of ``scale_layout="blocked"``: a quantize op's outputs, swizzled.
+
+    Args:
+        op, outs: a quantize op's name and its plain outputs (as the op returns them).
+    Returns:
+        ``outs``, each scale as the 1-D bytes of :func:`~mx_kernels.swizzle.swizzle_scales`.
+    """
     if op == "quantize_rowwise":  # (qdata, scale [M, K // bs])
         return outs[0], swizzle_scales(outs[1]).view(-1)
     if op == "quantize_colwise":  # (qdata_t, scale buffer [M // bs, K] of x^T's [K, M // bs])
@@ -122,10 +131,17 @@ def plan_for(
     op: str, public: bool, x: torch.Tensor, fmt, block_size, scale_mode, backend,
     scale_layout="plain",
 ):  # fmt: skip
-    """The plan of cast ``op`` for these arguments, made (by the checks) on their first
-    call; calling it on x runs the cast. ``public``: the public function's layout and
-    argument checks (:func:`check_args`); otherwise the op's (its body, given canonical
-    names). ``scale_layout``: one of :data:`SCALE_LAYOUTS` (quantize ops only)."""
+    """The plan of cast ``op`` for these arguments, made (by the checks) on their first call.
+
+    Args:
+        op: a key of :data:`DIMS`.
+        public: the public function's layout and checks (:func:`check_args`); otherwise
+            the op's (its body, given canonical names).
+        x, fmt, block_size, scale_mode, backend: as :data:`CAST_ARGS`.
+        scale_layout: one of :data:`SCALE_LAYOUTS` (quantize ops only).
+    Returns:
+        The :class:`CastPlan`, cached per signature; calling it on x runs the cast.
+    """
     key = (
         op, public, x.shape, x.stride(), x.dtype, x.device, fmt, block_size, scale_mode,
         backend, x.is_cuda or interpreter_enabled(), scale_layout,
@@ -147,8 +163,17 @@ def check_args(
     fn: str, x, fmt, block_size, scale_mode, backend, scale_layout="plain"
 ) -> tuple[str, str]:
     """Validate the public functions' arguments that the op bodies do not see as
-    tensors; returns the format's and the scale mode's canonical names. The shape
-    checks run in the op bodies (:func:`choose`), on the tensors that really run."""
+    tensors (the shape checks run in the op bodies, :func:`choose`, on real tensors).
+
+    Args:
+        fn: the public function's name, for messages.
+        x, fmt, block_size, scale_mode, backend, scale_layout: its arguments.
+    Returns:
+        The canonical names of the format and of the scale mode.
+    Raises:
+        TypeError: x not a tensor, block_size not an int (a bool included), fmt of another type.
+        ValueError: fmt, scale_mode or backend unknown; scale_layout (:func:`check_scale_layout`).
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     if isinstance(block_size, bool) or not isinstance(block_size, int):
@@ -165,9 +190,16 @@ def check_args(
 
 
 def check_scale_layout(fn: str, scale_layout, block_size, shape) -> None:
-    """Raise ValueError unless ``scale_layout`` is one of :data:`SCALE_LAYOUTS` and, for
-    ``"blocked"``, ``block_size`` is 32 and x of ``shape`` is 2-D: the blocked layout is
-    the one cuBLAS's MX GEMM reads, for 2-D operands with blocks of 32."""
+    """Check a cast's ``scale_layout``: ``"blocked"`` is the layout cuBLAS's MX GEMM
+    reads, for 2-D operands with blocks of 32.
+
+    Args:
+        fn: the cast's name, for messages.
+        scale_layout, block_size, shape: the cast's scale layout, block size and x's shape.
+    Raises:
+        ValueError: ``scale_layout`` not in :data:`SCALE_LAYOUTS`; ``"blocked"`` for a fake
+            quantization (``fn`` ``fake_*``), a block_size other than 32 or an x not 2-D.
+    """
     if scale_layout == "plain":
         return
     if scale_layout != "blocked":
@@ -195,10 +227,21 @@ def _names(fmt, scale_mode, backend) -> tuple[str, str]:
 
 
 def choose(op: str, backend: str, x: torch.Tensor, block_size: int, dims: tuple) -> tuple[str, str]:
-    """The implementation an op body runs and why, after the checks of the tensor's
-    shape: the op bodies always see real tensors (local shards under DTensor, run-time
-    tensors under torch.compile), so these checks live here, not in the public
-    functions. Only plans are made through here: the checks run once per signature."""
+    """The implementation an op body runs and why, after the checks of x's shape: here, not
+    in the public functions, as op bodies see the real tensors (DTensor's local shards,
+    torch.compile's run-time ones); only plans come here, so they run once per signature.
+
+    Args:
+        op, backend: the op's name and one of :data:`~mx_kernels.backend.BACKENDS`.
+        x, block_size: the tensor the op body casts, and elements per scale.
+        dims: the dims its blocks run along (:data:`DIMS`).
+    Returns:
+        ``(impl, why)``, :func:`~mx_kernels.backend.choose_backend`'s choice.
+    Raises:
+        ValueError: a columnwise op's x not 2-D.
+        TypeError, ValueError, RuntimeError: as :func:`mx_core.check_quantize_args` (each
+            blocked dim) and :func:`~mx_kernels.backend.choose_backend`.
+    """
     if dims != (-1,) and x.dim() != 2:
         raise ValueError(f"{op}: x must be 2-D [M, K], got shape {tuple(x.shape)}")
     for dim in dims:

@@ -76,9 +76,17 @@ def _nan_max(a, b):
 
 
 def format_constants(fmt: ElementFormat, block_size: int, scale_mode: str) -> dict:
-    """The format, block and scale-mode constexprs of :func:`mx_block_cast` for one
-    element format (``fmt``, an mx-core ``ElementFormat``), block size and scale mode
-    (a canonical name: ``"rceil"``...); the casts' launches and the fused kernels'."""
+    """The format, block and scale-mode constexprs of :func:`mx_block_cast`, which the
+    casts' launches and the fused kernels' share.
+
+    Args:
+        fmt: the mx-core ``ElementFormat``.
+        block_size: elements per scale.
+        scale_mode: a scale mode's canonical name (``"rceil"``...).
+    Returns:
+        The ten keyword constexprs ``BS``, ``FMT``, ``MODE``, ``EMAX``, ``MBITS``,
+        ``MAX_NORMAL``, ``MAX_FRAC``, ``EMIN``, ``BITS`` and ``PACK`` (codes per byte).
+    """
     return dict(
         BS=block_size,
         FMT=FMT_IDS[fmt.name],

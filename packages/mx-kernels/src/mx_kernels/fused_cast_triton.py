@@ -44,8 +44,12 @@ class FusedTile(NamedTuple):
 
 
 def cast_constants(fmt: ElementFormat, block_size: int, scale_mode: str) -> dict:
-    """The constexprs of :func:`store_rowwise_cast` / :func:`store_colwise_cast`:
-    :func:`mx_kernels.cast_triton.format_constants` (the same as the casts')."""
+    """The constexprs of :func:`store_rowwise_cast` / :func:`store_colwise_cast`.
+    Arguments as :func:`mx_kernels.cast_triton.format_constants`.
+
+    Returns:
+        :func:`mx_kernels.cast_triton.format_constants`'s dict (the same as the casts').
+    """
     return format_constants(fmt, block_size, scale_mode)
 
 

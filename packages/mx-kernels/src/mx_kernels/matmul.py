@@ -257,7 +257,12 @@ def scaled_mm_reference(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """The "emulated" backend: fp32 dequantize (``MXTensor.dequantize``), fp32 matmul,
-    cast to ``out_dtype``. Arguments as :func:`scaled_mm`, unchecked."""
+    cast to ``out_dtype``. Arguments as :func:`scaled_mm`, unchecked, scales plain.
+
+    Returns:
+        [M, N] ``a @ b^T`` in ``out_dtype``, rounded once from the fp32 product (exact with
+        TF32 off).
+    """
     a_hp = _dequantize(a_q, a_scale)
     b_hp = _dequantize(b_q, b_scale)
     return (a_hp @ b_hp.t()).to(out_dtype)

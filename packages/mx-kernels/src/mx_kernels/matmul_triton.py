@@ -155,7 +155,15 @@ def _config(design: str, bm: int, bn: int, bk: int, warps: int, stages: int) -> 
 
 
 def configs(design: str) -> list[triton.Config]:
-    """Autotune configs of ``design``; a single small one under the interpreter."""
+    """Autotune configs of ``design``.
+
+    Args:
+        design: one of :data:`DESIGNS`.
+    Returns:
+        The ``triton.Config`` list (block sizes, warps, stages; a pre-hook sizing the TMA
+        boxes); a single small one under the interpreter; empty for ``"dequant_bf16"``,
+        which has no GEMM kernel of its own.
+    """
     if design == "dequant_bf16":
         return []  # no GEMM kernel of its own to tune
     if interpreter_enabled():
@@ -186,7 +194,14 @@ def _autotuned(design: str, interpret: bool):
 
 
 def autotuned_config(design: str) -> triton.Config | None:
-    """The config autotuning picked for ``design``'s last launch (None before one)."""
+    """The config autotuning picked for ``design``'s last launch.
+
+    Args:
+        design: ``"dot_scaled"`` or ``"fp8_mma"``.
+    Returns:
+        The ``triton.Config``, or None before a launch of ``design`` in this process (and
+        interpreter setting).
+    """
     return getattr(_autotuned(design, interpreter_enabled()), "best_config", None)
 
 
@@ -207,11 +222,18 @@ def scaled_mm_triton(
     design: str = "dot_scaled",
     config: triton.Config | None = None,
 ) -> torch.Tensor:
-    """Launch one of the kernels; arguments as :func:`mx_kernels.scaled_mm` after its
-    checks (fp4 operands as uint8). ``config`` skips autotuning (benchmarks use it).
+    """Launch one of the kernels, on operands :func:`mx_kernels.scaled_mm` has checked.
 
+    Args:
+        a_q, a_scale, b_q, b_scale: as :func:`mx_kernels.scaled_mm` (fp4 operands as
+            uint8 [rows, K // 2]), scales plain [rows, K // 32], any strides.
+        out_dtype: bf16, fp16 or fp32.
+        design: one of :data:`DESIGNS` (module doc).
+        config: a ``triton.Config`` to launch instead of autotuning (benchmarks use it).
     Returns:
-        ``[M, N]`` in ``out_dtype``.
+        ``[M, N]`` in ``out_dtype``, contiguous.
+    Raises:
+        ValueError: ``design`` not one of :data:`DESIGNS`.
     """
     if design not in DESIGNS:
         raise ValueError(f"design={design!r} is not one of {', '.join(DESIGNS)}")

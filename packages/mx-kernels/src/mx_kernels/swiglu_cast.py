@@ -39,7 +39,13 @@ __all__ = ["swiglu_backward", "swiglu_quantize", "swiglu_reference"]
 
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``F.silu(gate) * up``: [..., K] in the inputs' dtype."""
+    """SwiGLU's product, as torch computes it.
+
+    Args:
+        gate, up: [..., K], one shape and dtype.
+    Returns:
+        ``F.silu(gate) * up``: [..., K] in the inputs' dtype.
+    """
     return F.silu(gate) * up
 
 

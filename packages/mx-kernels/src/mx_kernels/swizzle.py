@@ -25,8 +25,12 @@ def _ceil_to(n: int, m: int) -> int:
 
 
 def swizzled_shape(rows: int, cols: int) -> tuple[int, int]:
-    """Shape ``[ceil128(rows), ceil4(cols)]`` of the swizzled (padded) scale matrix.
+    """Shape of the swizzled (padded) scale matrix.
 
+    Args:
+        rows, cols: the scale matrix's shape: the operand's rows and K // 32.
+    Returns:
+        ``(ceil128(rows), ceil4(cols))``.
     Raises:
         TypeError: rows or cols not an int (a bool included).
         ValueError: rows or cols negative.
@@ -48,8 +52,14 @@ def _check_scale(scale: torch.Tensor, name: str, *, two_d: bool = True) -> None:
 def swizzle_scales(scale: torch.Tensor) -> torch.Tensor:
     """Swizzle a 2-D scale matrix ``[R, C]`` into the blocked layout.
 
-    Returns a contiguous tensor of shape :func:`swizzled_shape` (R, C) and the input's
-    dtype, whose memory order is the blocked layout (read it flat).
+    Args:
+        scale: [R, C] ``float8_e8m0fnu`` (or its uint8 bytes), any strides.
+    Returns:
+        A contiguous tensor of shape :func:`swizzled_shape` (R, C) and the input's dtype,
+        whose memory order is the blocked layout (read it flat); padding bytes are zero.
+    Raises:
+        TypeError: scale not an E8M0 (or uint8) tensor.
+        ValueError: scale not 2-D.
     """
     _check_scale(scale, "scale")
     rows, cols = scale.shape
@@ -61,10 +71,14 @@ def swizzle_scales(scale: torch.Tensor) -> torch.Tensor:
 
 
 def unswizzle_scales(swizzled: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """Inverse of :func:`swizzle_scales`: the ``[R, C]`` = ``shape`` scale matrix.
+    """Inverse of :func:`swizzle_scales`.
 
-    ``swizzled`` may be flat or of any shape: only its memory order matters.
-
+    Args:
+        swizzled: the blocked layout's bytes, ``float8_e8m0fnu`` or uint8; flat or of any
+            shape: only its memory order matters.
+        shape: ``(R, C)``, the scale matrix's shape before padding.
+    Returns:
+        The [R, C] scale matrix, contiguous, in ``swizzled``'s dtype.
     Raises:
         TypeError: swizzled not an E8M0 (or uint8) tensor; shape not two ints.
         ValueError: a negative size, or swizzled's size not that of ``shape`` swizzled.
