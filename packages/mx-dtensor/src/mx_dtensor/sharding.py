@@ -48,21 +48,35 @@ is not bf16), as DTensor's mm: (R, R) -> R, (S(0), R) -> S(0), (R, S(1)) -> S(1)
   redistribute an input: the one strategy it returns takes the inputs as they are. (A
   ``register_sharding`` rule lists acceptable placements and DTensor silently
   redistributes any other input to the cheapest of them.)
+
+The local sizes, the whole-block and Partial checks and :class:`MXShardingError` are
+:mod:`mx_dtensor.shard_checks`'s; ``MXShardingError``, ``local_sizes`` and
+``split_block_reason`` are importable from here too.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo
-from torch.distributed.tensor.placement_types import Placement, _StridedShard
+from torch.distributed.tensor.placement_types import Placement
 
 import mx_kernels  # noqa: F401  (defines the mx:: ops registered here)
 from mx_core import get_format
+from mx_dtensor.shard_checks import (
+    MXShardingError,
+    check_partial,
+    check_whole_blocks,
+    local_sizes,
+    moved,
+    normalized,
+    sharded_dim,
+    split_block_reason,
+    where,
+)
 
 __all__ = ["MX_OPS", "MXShardingError", "local_sizes", "split_block_reason"]
 
@@ -82,137 +96,6 @@ overload: the fake-quantize ops' ``inline`` ones too)."""
 _GEMM_BLOCK = 32
 
 
-class MXShardingError(ValueError, NotImplementedError):
-    """A placement the ``mx::`` ops have no rule for, or a shard of a blocked dim that
-    does not hold whole blocks.
-
-    A ValueError. It is a NotImplementedError too because DTensor's dispatcher passes
-    NotImplementedError from sharding propagation through unchanged and wraps any other
-    exception in a RuntimeError (``torch/distributed/tensor/_dispatch.py``, torch
-    2.9-2.13)."""
-
-
-def local_sizes(
-    size: int, placements: Sequence[Placement], mesh_shape: Sequence[int], dim: int
-) -> list[int]:
-    """The size along ``dim`` of every rank's local shard, in mesh-coordinate order, of
-    a tensor whose ``dim`` has global ``size`` under ``placements``: a ``Shard`` splits
-    as ``torch.chunk``, mesh dims left to right, as DTensor does; a
-    ``_StridedShard(split_factor=f)`` chunks each of f equal parts (``size`` divisible by
-    f); other placements leave the size alone."""
-    sizes = []
-    for coord in itertools.product(*(range(n) for n in mesh_shape)):
-        s = size
-        for p, n, c in zip(placements, mesh_shape, coord, strict=True):
-            if _sharded_dim(p) == dim:
-                f = p.split_factor if isinstance(p, _StridedShard) else 1
-                chunk = -(-(s // f) // n)
-                s = f * max(0, min(chunk, s // f - c * chunk))
-        sizes.append(s)
-    return sizes
-
-
-def _norm(p: Placement, ndim: int) -> Placement:
-    if type(p) is Shard and p.dim < 0:
-        return Shard(p.dim + ndim)
-    if isinstance(p, _StridedShard) and p.dim < 0:
-        return _StridedShard(p.dim + ndim, split_factor=p.split_factor)
-    return p
-
-
-def _sharded_dim(p: Placement) -> int | None:
-    if type(p) is Shard or isinstance(p, _StridedShard):
-        return p.dim
-    return None
-
-
-def _moved(p: Placement, dim: int) -> Placement:
-    """``p`` (a Shard or _StridedShard) moved to ``dim``."""
-    if isinstance(p, _StridedShard):
-        return _StridedShard(dim, split_factor=p.split_factor)
-    return Shard(dim)
-
-
-def _where(op: str, arg: str, spec: DTensorSpec, mesh_dim: int) -> str:
-    return (
-        f"{op}: {arg} (shape {tuple(spec.shape)}, placements {tuple(spec.placements)}) "
-        f"on mesh dim {mesh_dim} of size {spec.mesh.shape[mesh_dim]}"
-    )
-
-
-def _check_partial(op: str, arg: str, spec: DTensorSpec) -> None:
-    for i, p in enumerate(spec.placements):
-        if p.is_partial():
-            raise MXShardingError(
-                f"{_where(op, arg, spec, i)} is {p!r}: a Partial input has no rule (the amax "
-                "of a partial sum is not the amax of the sum); reduce it first "
-                "(redistribute to Replicate or Shard)"
-            )
-
-
-def split_block_reason(
-    shape: Sequence[int],
-    placements: Sequence[Placement],
-    mesh_shape: Sequence[int],
-    dim: int,
-    block_size: int,
-    per: int = 1,
-) -> str | None:
-    """Why the local shards of ``dim`` would split blocks of ``block_size`` elements, or
-    None when every rank holds whole blocks (or ``dim`` is not sharded).
-
-    ``shape``: the global shape; ``per``: elements per index of ``dim`` (2 for packed
-    fp4 bytes). A ``Shard`` of ``dim`` (on any number of mesh dims) must leave local
-    sizes that are multiples of ``block_size``; a ``_StridedShard`` (what DTensor makes
-    of a flattened ``[B, S]`` with S sharded) must be the only one on ``dim`` and leave
-    contiguous runs that are multiples of ``block_size``.
-    """
-    mesh_dims = [i for i, p in enumerate(placements) if _sharded_dim(p) == dim]
-    if not mesh_dims:
-        return None
-    size = shape[dim]
-    strided = [i for i in mesh_dims if isinstance(placements[i], _StridedShard)]
-    if strided:
-        i, p = strided[0], placements[strided[0]]
-        sf = p.split_factor
-        if len(mesh_dims) > 1 or size % sf:
-            return (
-                f"dim {dim} (global size {size * per}) is {p} on mesh dim {i} among "
-                f"{tuple(placements)}: no rule for this strided shard of a blocked dim"
-            )
-        runs = sorted(
-            {r * per for r in local_sizes(size // sf, [Shard(dim)], [mesh_shape[i]], dim)}
-        )
-        if any(r % block_size for r in runs):
-            return (
-                f"dim {dim} (global size {size * per}) is {p} on mesh dim {i} of size "
-                f"{mesh_shape[i]}: local runs of {runs} elements, not all multiples of the "
-                f"block size {block_size}, so a shard would split a block"
-            )
-        return None
-    local = sorted({s * per for s in local_sizes(size, placements, mesh_shape, dim)})
-    if any(s % block_size for s in local):
-        return (
-            f"dim {dim} (global size {size * per}) sharded over mesh dims {mesh_dims} of "
-            f"sizes {[mesh_shape[i] for i in mesh_dims]} gives local sizes {local}, not all "
-            f"multiples of the block size {block_size}, so a shard would split a block. "
-            f"Shard it so that every rank holds whole blocks (a mesh size that divides its "
-            f"{size * per // block_size} blocks), or pad it"
-        )
-    return None
-
-
-def _check_whole_blocks(
-    op: str, arg: str, spec: DTensorSpec, dim: int, block: int, per: int = 1
-) -> None:
-    why = split_block_reason(spec.shape, spec.placements, spec.mesh.shape, dim, block, per)
-    if why is not None:
-        raise MXShardingError(
-            f"{op}: {arg} (shape {tuple(spec.shape)}, placements "
-            f"{tuple(spec.placements)}, mesh shape {tuple(spec.mesh.shape)}): {why}"
-        )
-
-
 def _cast_rule(blocked: Sequence[int], out_dims: Sequence[Sequence[int]]):
     """The rule of a cast of x blocked along ``blocked`` dims (-1: the last); output j
     takes x's dim d as its dim ``out_dims[j][d]``, or as dim d where that is empty. (The
@@ -222,7 +105,7 @@ def _cast_rule(blocked: Sequence[int], out_dims: Sequence[Sequence[int]]):
         (x,) = specs
         block_size = args[2]  # args: x, fmt, block_size, scale_mode, backend[, scale_layout]
         ndim = len(x.shape)
-        _check_partial(op, "x", x)
+        check_partial(op, "x", x)
         if len(args) > 5 and args[5] != "plain" and not all(p.is_replicate() for p in x.placements):
             # The blocked layout pads rows to 128 and interleaves them by tiles: the blocked
             # scales of a shard are not a shard of the blocked scales.
@@ -232,13 +115,13 @@ def _cast_rule(blocked: Sequence[int], out_dims: Sequence[Sequence[int]]):
                 "cast the local tensor (x.to_local()) or use scale_layout='plain'"
             )
         for d in blocked:
-            _check_whole_blocks(op, "x", x, d % ndim, block_size)
+            check_whole_blocks(op, "x", x, d % ndim, block_size)
         outs: list[list[Placement]] = [[] for _ in out_dims]
         for p in x.placements:
-            p = _norm(p, ndim)
-            d = _sharded_dim(p)
+            p = normalized(p, ndim)
+            d = sharded_dim(p)
             for j, dims in enumerate(out_dims):
-                outs[j].append(Replicate() if d is None else _moved(p, dims[d] if dims else d))
+                outs[j].append(Replicate() if d is None else moved(p, dims[d] if dims else d))
         return [tuple(o) for o in outs]
 
     return rule
@@ -263,23 +146,23 @@ def _dequantize_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tup
     ndim = len(q.shape)
     if len(s.shape) != ndim:
         raise MXShardingError(f"{op}: qdata and scale ranks differ: {q.shape}, {s.shape}")
-    _check_partial(op, "qdata", q)
-    _check_partial(op, "scale", s)
-    pq = tuple(_norm(p, ndim) for p in q.placements)
-    ps = tuple(_norm(p, ndim) for p in s.placements)
+    check_partial(op, "qdata", q)
+    check_partial(op, "scale", s)
+    pq = tuple(normalized(p, ndim) for p in q.placements)
+    ps = tuple(normalized(p, ndim) for p in s.placements)
     for i, (a, b) in enumerate(zip(pq, ps, strict=True)):
         if a != b:
             raise MXShardingError(
-                f"{_where(op, 'qdata', q, i)} is {a} but scale is {b}: qdata and scale must "
+                f"{where(op, 'qdata', q, i)} is {a} but scale is {b}: qdata and scale must "
                 "have the same placements"
             )
     per = 2 if get_format(fmt).is_packed else 1
-    _check_whole_blocks(op, "qdata", q, ndim - 1, block_size, per)
+    check_whole_blocks(op, "qdata", q, ndim - 1, block_size, per)
     kq = local_sizes(q.shape[-1], pq, q.mesh.shape, ndim - 1)
     ks = local_sizes(s.shape[-1], ps, s.mesh.shape, ndim - 1)
     if any(a * per != b * block_size for a, b in zip(kq, ks, strict=True)):
         raise MXShardingError(
-            f"{_where(op, 'qdata', q, 0)}: local qdata sizes {kq} along the last dim do not "
+            f"{where(op, 'qdata', q, 0)}: local qdata sizes {kq} along the last dim do not "
             f"match the local scale sizes {ks} (block size {block_size})"
         )
     return [pq]
@@ -293,7 +176,7 @@ def _scaled_mm_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tupl
     a_fmt, b_fmt = args[2], args[5]
     layouts = [args[i] if len(args) > i else "plain" for i in (8, 9)]
     for name, spec in (("a", a), ("a_scale", a_s), ("b", b), ("b_scale", b_s)):
-        _check_partial(op, name, spec)
+        check_partial(op, name, spec)
     for name, data, scale, layout in (("a", a, a_s, layouts[0]), ("b", b, b_s, layouts[1])):
         if layout == "plain":
             for arg, spec in ((name, data), (f"{name}_scale", scale)):
@@ -309,32 +192,34 @@ def _scaled_mm_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tupl
             )
         elif len(data.shape) != 2:
             raise MXShardingError(f"{op}: {name} must be 2-D, got shape {tuple(data.shape)}")
-    pa = tuple(_norm(p, 2) for p in a.placements)
-    pb = tuple(_norm(p, 2) for p in b.placements)
+    pa = tuple(normalized(p, 2) for p in a.placements)
+    pb = tuple(normalized(p, 2) for p in b.placements)
     for name, data, scale, spec in (("a", pa, a_s, a), ("b", pb, b_s, b)):
-        for i, (p, q) in enumerate(zip(data, (_norm(p, 2) for p in scale.placements), strict=True)):
+        for i, (p, q) in enumerate(
+            zip(data, (normalized(p, 2) for p in scale.placements), strict=True)
+        ):
             if p != q:
                 raise MXShardingError(
-                    f"{_where(op, name, spec, i)} is {p} but {name}_scale is {q}: an operand "
+                    f"{where(op, name, spec, i)} is {p} but {name}_scale is {q}: an operand "
                     "and its scales must have the same placements"
                 )
     for name, spec, fmt in (("a", a, a_fmt), ("b", b, b_fmt)):
         per = 2 if get_format(fmt).is_packed else 1
-        _check_whole_blocks(op, name, spec, 1, _GEMM_BLOCK, per)
+        check_whole_blocks(op, name, spec, 1, _GEMM_BLOCK, per)
     out: list[Placement] = []
     for i, (p, q) in enumerate(zip(pa, pb, strict=True)):
-        da, db = _sharded_dim(p), _sharded_dim(q)
+        da, db = sharded_dim(p), sharded_dim(q)
         if da is None and db is None:
             out.append(Replicate())
         elif da == 0 and db is None:
             out.append(p)
         elif da is None and db == 0:
-            out.append(_moved(q, 1))
+            out.append(moved(q, 1))
         elif da == 1 and db == 1 and p == q:  # the same split of K (strided alike)
             out.append(Partial("sum"))
         else:
             raise MXShardingError(
-                f"{_where(op, 'a', a, i)} is {p} and b (shape {tuple(b.shape)}) is {q}: no "
+                f"{where(op, 'a', a, i)} is {p} and b (shape {tuple(b.shape)}) is {q}: no "
                 "rule for this pair (a @ b^T takes (R, R) -> R, (S(0), R) -> S(0), "
                 "(R, S(0)) -> S(1), (S(1), S(1)) -> Partial); redistribute first"
             )
@@ -346,10 +231,10 @@ def _mm_dtype_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tuple
     ``mx_kernels.bf16_gemm`` runs on CUDA for non-bf16 outputs: DTensor's mm rules."""
     a, b = specs
     for name, spec in (("a", a), ("b", b)):
-        _check_partial(op, name, spec)
+        check_partial(op, name, spec)
     out: list[Placement] = []
     for i, (p, q) in enumerate(zip(a.placements, b.placements, strict=True)):
-        da, db = _sharded_dim(_norm(p, 2)), _sharded_dim(_norm(q, 2))
+        da, db = sharded_dim(normalized(p, 2)), sharded_dim(normalized(q, 2))
         if da is None and db is None:
             out.append(Replicate())
         elif da == 0 and db is None:
@@ -360,7 +245,7 @@ def _mm_dtype_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tuple
             out.append(Partial("sum"))
         else:
             raise MXShardingError(
-                f"{_where(op, 'a', a, i)} is {p} and b is {q}: no rule for this pair (a @ b "
+                f"{where(op, 'a', a, i)} is {p} and b is {q}: no rule for this pair (a @ b "
                 "takes (R, R), (S(0), R), (R, S(1)), (S(1), S(0))); redistribute first"
             )
     return [tuple(out)]
