@@ -6,10 +6,14 @@ CUDA. Casts, fake quantize and dequantize must match bit for bit; the scaled-mat
 designs are compared with the emulated GEMM (fp32 dequantize + fp32 matmul) within a
 named tolerance, since their accumulation order differs.
 
-    python tools/gpu_check.py [--quick]
+    python tools/gpu_check.py [--quick] [--budget-s SECONDS]
 
-Prints one table per kind of kernel (also written to ``$OUT/gpu_check.md`` when OUT is
-set) and exits 1 if anything differs. Needs a CUDA GPU of compute capability >= 9.0.
+``--quick`` checks the casts in the recipes' scale modes (rceil, floor) on bf16 and fp32
+input (every format, every kernel); the full run adds the other modes and fp16 (each
+combination compiles its own kernels: about 10 minutes on an H100). Prints one table per
+kind of kernel as it finishes (also written to ``$OUT/gpu_check.md`` when OUT is set) and
+exits 1 if anything differs, or if the time budget left a combination unchecked (listed).
+Needs a CUDA GPU of compute capability >= 9.0.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import inspect
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -43,6 +48,8 @@ LARGE = 100_000
 """Shapes of more elements run only the scale modes of the recipes (``LARGE_MODES``) on
 bf16 input: mx-core's reference takes about a second per million elements on CPU."""
 LARGE_MODES = ("rceil", "floor")
+QUICK_MODES, QUICK_DTYPES = LARGE_MODES, (torch.bfloat16, torch.float32)
+"""``--quick``: the scale modes of the recipes, and the input dtypes MXLinear casts."""
 GEMM_TOLERANCE = {torch.bfloat16: 2.0**-8, torch.float32: 1e-5}
 """Largest allowed max|got - emulated| / max|emulated| of a GEMM per output dtype: one
 bf16 rounding of the output; for fp32 output, fp32 accumulation in another order."""
@@ -76,15 +83,18 @@ def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
     return torch.equal(_u8(got.contiguous()), _u8(want.contiguous()))
 
 
-def check_casts(shapes, failures: list[str]) -> list[tuple]:
+def check_casts(shapes, failures: list[str], modes, dtypes, deadline: float) -> list[tuple]:
     """quantize_rowwise/colwise/both, fake_quantize_rowwise/colwise/both and
-    dequantize_rowwise: Triton on CUDA vs mx-core on CPU, bit for bit."""
+    dequantize_rowwise: Triton on CUDA vs mx-core on CPU, bit for bit. A combination not
+    started before ``deadline`` (``time.monotonic()``) is a failure: unchecked."""
     rows = []
     blocked = "scale_layout" in inspect.signature(mx_kernels.quantize_rowwise).parameters
-    quick = DEVICE.type != "cuda"  # the interpreter: one scale mode and input dtype
     for fmt in FORMATS:
-        for mode in MODES[-1:] if quick else MODES:
-            for dtype in DTYPES[1:2] if quick else DTYPES:
+        for mode in modes:
+            for dtype in dtypes:
+                if time.monotonic() > deadline:
+                    failures.append(f"casts {fmt} {mode} {dtype}: not checked (time budget)")
+                    continue
                 checked = ok = 0
                 for i, shape in enumerate(shapes):
                     if shape[0] * shape[1] > LARGE and (
@@ -148,8 +158,9 @@ def check_swizzle(failures: list[str]) -> list[tuple]:
     return rows
 
 
-def check_gemms(shapes, failures: list[str]) -> list[tuple]:
-    """Each Triton design of scaled_mm vs the emulated GEMM, both on CUDA."""
+def check_gemms(shapes, failures: list[str], deadline: float) -> list[tuple]:
+    """Each Triton design of scaled_mm vs the emulated GEMM, both on CUDA (a format pair
+    not started before ``deadline`` is a failure: unchecked)."""
     from mx_kernels.matmul_triton import scaled_mm_triton
     from mx_kernels.settings import DESIGNS
 
@@ -162,6 +173,9 @@ def check_gemms(shapes, failures: list[str]) -> list[tuple]:
     )
     rows = []
     for a_fmt, b_fmt in pairs:
+        if time.monotonic() > deadline:
+            failures.append(f"scaled_mm {a_fmt} x {b_fmt}: not checked (time budget)")
+            continue
         for m, k, n in shapes:
             a = mx_core.quantize(_data((m, k), torch.bfloat16, 1).to(DEVICE), a_fmt)
             b = mx_core.quantize(_data((n, k), torch.bfloat16, 2).to(DEVICE), b_fmt)
@@ -223,7 +237,15 @@ def _environment() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small shapes only")
+    parser.add_argument(
+        "--quick", action="store_true", help="the recipes' scale modes, bf16 and fp32 input"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=float("inf"),
+        help="start no new combination after this many seconds (the rest fail as unchecked)",
+    )
     parser.add_argument(
         "--device",
         default="cuda",
@@ -242,28 +264,39 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cast_shapes = [(32, 32), (64, 96), (160, 160), (256, 4096), (1024, 2048)]
     gemm_shapes = [(128, 256, 128), (133, 512, 528), (1000, 4096, 2048)]
-    if DEVICE.type != "cuda":
+    modes, dtypes = (QUICK_MODES, QUICK_DTYPES) if args.quick else (MODES, DTYPES)
+    if DEVICE.type != "cuda":  # the interpreter: small shapes, one scale mode and dtype
         cast_shapes, gemm_shapes = [(32, 32), (64, 96)], [(33, 64, 48)]
+        modes, dtypes = MODES[-1:], DTYPES[1:2]
     elif not args.quick:
         gemm_shapes.append((4096, 8192, 4096))
+    deadline = time.monotonic() + args.budget_s
     failures: list[str] = []
-    parts = [
+    parts: list[str] = []
+
+    def emit(*texts: str) -> None:
+        # printed as each part finishes, so a run cut short still shows what it checked
+        parts.extend(texts)
+        print("\n\n".join(texts), end="\n\n", flush=True)
+
+    emit(_environment())
+    emit(
         "## Casts, fake quantize, dequantize (bit for bit)",
         _table(
-            ("format", "scale mode", "input", "checks", "equal"), check_casts(cast_shapes, failures)
+            ("format", "scale mode", "input", "checks", "equal"),
+            check_casts(cast_shapes, failures, modes, dtypes, deadline),
         ),
-        "## Scale swizzle (bit for bit)",
-        _table(("scales", "equal"), check_swizzle(failures)),
+    )
+    emit("## Scale swizzle (bit for bit)", _table(("scales", "equal"), check_swizzle(failures)))
+    emit(
         "## scaled_mm Triton designs vs emulated (max error / max |emulated|)",
         _table(
             ("design", "formats", "M x K x N", "out", "error", "within"),
-            check_gemms(gemm_shapes, failures),
+            check_gemms(gemm_shapes, failures, deadline),
         ),
-        f"Failures: {len(failures)}" + "".join(f"\n- {f}" for f in failures[:50]),
-        _environment(),
-    ]
+    )
+    emit(f"Failures: {len(failures)}" + "".join(f"\n- {f}" for f in failures[:50]))
     text = "\n\n".join(parts)
-    print(text)
     if os.environ.get("OUT"):
         (Path(os.environ["OUT"]) / "gpu_check.md").write_text(text + "\n")
     return 1 if failures else 0

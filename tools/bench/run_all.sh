@@ -32,8 +32,8 @@ steps=" ${STEPS:-casts gemm linear} "
 [[ $steps == *" casts "* ]] && step casts 250 python3 casts.py --check quick --sweep
 [[ $steps == *" gemm "* ]] && step gemm 200 python3 gemm.py --designs "$designs"
 [[ $steps == *" linear "* ]] && step linear 170 python3 linear.py --compile
-[[ $steps == *" gpu_check "* ]] && step gpu_check 300 python3 ../gpu_check.py
-[[ $steps == *" fused "* ]] && step fused 200 python3 fused.py --colwise --sweep
+[[ $steps == *" gpu_check "* ]] && step gpu_check 300 python3 ../gpu_check.py --quick --budget-s 240
+[[ $steps == *" fused "* ]] && step fused 200 python3 fused.py --colwise
 [[ $steps == *" repro "* ]] && step repro 60 python3 diagnostics/repro_both_fp4.py
 [[ $steps == *" host "* ]] && step host 120 python3 host_cost.py --check
 [[ $steps == *" tp "* ]] && step tp 240 python3 tp_layer.py --cudagraphs
