@@ -44,7 +44,17 @@ CHECKED = (
     "mx_nn.casts", "mx_nn.casts.compute_path", "mx_nn.casts.fused", "mx_nn.casts.gathered",
     "mx_nn.casts.layer", "mx_nn.casts.scopes", "mx_nn.dtensor", "mx_nn.dtensor.local_shards",
     "mx_nn.dtensor.placements", "mx_nn.fsdp", "mx_nn.fsdp.check", "mx_nn.fsdp.enable",
-    "mx_nn.fsdp.gathered", "mx_nn.fsdp.weight", "mx_nn.plan.apply",
+    "mx_nn.fsdp.gathered", "mx_nn.fsdp.weight", "mx_nn.convert", "mx_nn.parallelize",
+    "mx_nn.export", "mx_nn.export.api", "mx_nn.export.from_dcp", "mx_nn.export.hf_dir",
+    "mx_nn.export.llama_names", "mx_nn.export.load", "mx_nn.export.plan",
+    "mx_nn.export.safetensors_io", "mx_nn.export.schemes", "mx_nn.export.stream",
+    "mx_nn.export.weights", "mx_nn.plan.apply", "mx_nn.plan.checks", "mx_nn.plan.families",
+    "mx_nn.plan.fused", "mx_nn.plan.llama", "mx_nn.plan.norms", "mx_nn.plan.resolve",
+    "mx_nn.plan.titan", "mx_nn.plan.torchtitan", "mx_nn.train", "mx_nn.train.args",
+    "mx_nn.train.budget", "mx_nn.train.checkpoint", "mx_nn.train.cli", "mx_nn.train.data",
+    "mx_nn.train.distributed", "mx_nn.train.export", "mx_nn.train.extras",
+    "mx_nn.train.guard", "mx_nn.train.loop", "mx_nn.train.manifest", "mx_nn.train.progress",
+    "mx_nn.train.report", "mx_nn.train.sample", "mx_nn.train.stop",
 )  # fmt: skip
 DELEGATED = re.compile(r"Arguments as :(func|meth|class):`")
 

@@ -28,8 +28,12 @@ __all__ = ["check_shard_bytes", "export", "out_dir_agreed"]
 
 
 def check_shard_bytes(max_shard_bytes: object) -> int:
-    """``max_shard_bytes`` if it is a positive int.
+    """Check the export's largest shard size.
 
+    Args:
+        max_shard_bytes: the value given.
+    Returns:
+        ``max_shard_bytes`` (bytes), a positive int.
     Raises:
         ValueError: anything else.
     """
@@ -43,7 +47,15 @@ def check_shard_bytes(max_shard_bytes: object) -> int:
 
 
 def out_dir_agreed(out_dir: object) -> Path:
-    """:func:`~mx_nn.export.hf_dir.check_out_dir` on rank 0, its verdict on every rank."""
+    """:func:`~mx_nn.export.hf_dir.check_out_dir` on rank 0, its verdict on every rank.
+
+    Args:
+        out_dir: the export's folder, as given. Every rank of a process group calls this.
+    Returns:
+        ``out_dir`` as a Path.
+    Raises:
+        TypeError, ValueError: rank 0's refusal, on every rank (:func:`~mx_nn.export.stream.agree`).
+    """
     path, error = None, None
     if is_main():
         try:

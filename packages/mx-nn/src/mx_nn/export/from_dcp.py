@@ -43,7 +43,15 @@ def _metadata(checkpoint: Path) -> dict[str, TensorStorageMetadata]:
 
 
 def read_tensor(checkpoint: Path, key: str, meta: TensorStorageMetadata) -> torch.Tensor:
-    """Tensor ``key`` of DCP folder ``checkpoint``, whole, on the CPU (read alone)."""
+    """One tensor of a DCP folder, whole, read alone (only its byte ranges).
+
+    Args:
+        checkpoint: the DCP folder.
+        key: the tensor's key in the checkpoint.
+        meta: its metadata there (global size, dtype).
+    Returns:
+        The tensor, on the CPU, of the checkpoint's size and dtype.
+    """
     out = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}
     with warnings.catch_warnings():  # "assumes the intent is to load in a single process"
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -31,8 +31,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def check_out_dir(out_dir: object) -> Path:
-    """``out_dir`` as a Path if it is a new or empty folder.
+    """Check an export's folder: it must be new or empty (an export never writes over
+    files).
 
+    Args:
+        out_dir: the folder, as given.
+    Returns:
+        ``out_dir`` as a Path.
     Raises:
         TypeError: not a str or os.PathLike.
         ValueError: it is a file, or a folder that holds anything.
@@ -51,8 +56,15 @@ def check_out_dir(out_dir: object) -> Path:
 
 
 def shard_specs(groups: list[list[TensorSpec]], max_bytes: int) -> list[list[int]]:
-    """Which groups (indices, in order) go to each shard: consecutive groups until the
-    next would pass ``max_bytes``; a group is never split."""
+    """Which groups go to each safetensors shard.
+
+    Args:
+        groups: each entry's tensors, in writing order.
+        max_bytes: the largest shard, in bytes (a group larger gets a shard of its own).
+    Returns:
+        Per shard, the indices of its groups, in order: consecutive groups until the next
+        would pass ``max_bytes``; a group is never split.
+    """
     shards: list[list[int]] = [[]]
     size = 0
     for i, group in enumerate(groups):
@@ -131,8 +143,14 @@ class DirWriter:
 
 
 def copy_tokenizer_files(source: Path) -> Callable[[Path], None] | None:
-    """An extra that copies the tokenizer files (:data:`TOKENIZER_FILES`) found in
-    folder ``source``, or None when it holds none."""
+    """An extra that copies the tokenizer files of a folder.
+
+    Args:
+        source: the folder to copy from.
+    Returns:
+        A function of the export folder that copies the :data:`TOKENIZER_FILES` found in
+        ``source`` into it, or None when ``source`` holds none.
+    """
     found = [source / n for n in TOKENIZER_FILES if (source / n).is_file()]
     if not found:
         return None
@@ -145,9 +163,13 @@ def copy_tokenizer_files(source: Path) -> Callable[[Path], None] | None:
 
 
 def saved_by(obj: object, what: str) -> Callable[[Path], None]:
-    """An extra that calls ``obj.save_pretrained(folder)`` (a tokenizer or generation
-    config).
+    """An extra that calls ``obj.save_pretrained(folder)``.
 
+    Args:
+        obj: a tokenizer or generation config.
+        what: its argument's name, for the message.
+    Returns:
+        A function of the export folder that saves ``obj`` there.
     Raises:
         TypeError: ``obj`` has no ``save_pretrained``.
     """

@@ -44,8 +44,12 @@ _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
 def hf_module(fqn: str) -> str:
-    """The Hugging Face module name of mx-nn Llama module ``fqn``.
+    """The Hugging Face module name of an mx-nn Llama module.
 
+    Args:
+        fqn: the module's name in :class:`mx_nn.models.llama.Llama` (``layers.0.attention.wq``).
+    Returns:
+        Its ``LlamaForCausalLM`` name (``model.layers.0.self_attn.q_proj``; module doc).
     Raises:
         ValueError: a module the table (module doc) does not name.
     """
@@ -58,14 +62,29 @@ def hf_module(fqn: str) -> str:
 
 
 def hf_key(key: str) -> str:
-    """The Hugging Face state-dict key of mx-nn Llama key ``key`` (``<module>.weight``)."""
+    """The Hugging Face state-dict key of an mx-nn Llama key.
+
+    Args:
+        key: ``<module>.<leaf>`` in mx-nn names (``layers.0.attention.wq.weight``).
+    Returns:
+        The same leaf under :func:`hf_module`'s name.
+    Raises:
+        ValueError: as :func:`hf_module`.
+    """
     module, _, leaf = key.rpartition(".")
     return f"{hf_module(module)}.{leaf}"
 
 
 def rope_heads(key: str, config: LlamaConfig) -> int:
-    """Heads whose rows :func:`rope_rows` reorders in tensor ``key`` (mx-nn names): the
-    query heads for ``wq``, the key/value heads for ``wk``, else 0 (no reordering)."""
+    """Heads whose rows :func:`rope_rows` reorders in a tensor.
+
+    Args:
+        key: the tensor's state-dict key, mx-nn names.
+        config: the model's config.
+    Returns:
+        The query heads for a ``wq`` weight, the key/value heads for ``wk``, else 0 (no
+        reordering).
+    """
     if key.endswith(".attention.wq.weight"):
         return config.n_heads
     if key.endswith(".attention.wk.weight"):
@@ -74,15 +93,28 @@ def rope_heads(key: str, config: LlamaConfig) -> int:
 
 
 def rope_rows(heads: int, head_dim: int) -> torch.Tensor:
-    """int64 [heads * head_dim]: row ``r`` of the Hugging Face projection is row
-    ``rope_rows(...)[r]`` of mx-nn's (per head: the even features, then the odd)."""
+    """The row order that turns mx-nn's RoPE layout of q_proj/k_proj into Hugging Face's.
+
+    Args:
+        heads: heads of the projection.
+        head_dim: features per head (even).
+    Returns:
+        int64 [heads * head_dim]: row ``r`` of the Hugging Face projection is row
+        ``rope_rows(...)[r]`` of mx-nn's (per head: the even features, then the odd).
+    """
     within = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
     return (torch.arange(heads)[:, None] * head_dim + within).reshape(-1)
 
 
 def hf_config(config: LlamaConfig) -> dict:
-    """A Hugging Face ``LlamaConfig`` (as config.json holds it) of the same model; dtype
-    bfloat16, the dtype compressed-tensors decompresses MX weights to."""
+    """The Hugging Face ``LlamaConfig`` of the same model.
+
+    Args:
+        config: an mx-nn Llama config.
+    Returns:
+        The config as config.json holds it (a dict), dtype bfloat16: the dtype
+        compressed-tensors decompresses MX weights to.
+    """
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -114,9 +146,12 @@ def hf_config(config: LlamaConfig) -> dict:
 
 
 def mx_config(hf: dict) -> LlamaConfig:
-    """The mx-nn :class:`LlamaConfig` of a Hugging Face Llama config.json (inverse of
-    :func:`hf_config`).
+    """The mx-nn config of a Hugging Face Llama config (inverse of :func:`hf_config`).
 
+    Args:
+        hf: a config.json's dict.
+    Returns:
+        The :class:`~mx_nn.models.llama.LlamaConfig`.
     Raises:
         ValueError: a config that is not a Llama this model can be (another model type,
             biases, tied embeddings, a RoPE scaling, a head_dim other than hidden_size /

@@ -35,6 +35,10 @@ _SHOWN = 6
 def read_config(folder: str | os.PathLike) -> dict:
     """config.json of a model folder.
 
+    Args:
+        folder: a Hugging Face model folder.
+    Returns:
+        The parsed config (a dict).
     Raises:
         ValueError: no config.json there, or not JSON.
     """

@@ -73,7 +73,14 @@ class ExportPlan:
 
 
 def clean_fqn(fqn: str) -> str:
-    """``fqn`` without wrapper segments (``_orig_mod``, ``_checkpoint_wrapped_module``)."""
+    """A module or state-dict name without wrapper segments.
+
+    Args:
+        fqn: a dotted name.
+    Returns:
+        ``fqn`` without its ``_orig_mod``, ``_checkpoint_wrapped_module`` and
+        ``_fsdp_wrapped_module`` components.
+    """
     return ".".join(p for p in fqn.split(".") if p not in _WRAPPERS)
 
 
@@ -114,9 +121,20 @@ def _hf_config(model: nn.Module, hf_config: object) -> dict:
 
 
 def plan_model(model: nn.Module, scheme: Scheme, hf_config: object = None) -> ExportPlan:
-    """The :class:`ExportPlan` of ``model`` in ``scheme``.
+    """What an export of ``model`` in ``scheme`` writes (module doc).
 
+    Args:
+        model: the MX model (a meta-device skeleton will do: only its module tree, shapes
+            and dtypes are read).
+        scheme: the export's :class:`~mx_nn.export.schemes.Scheme`.
+        hf_config: the Hugging Face config to write (a dict or an object with
+            ``to_dict()``), or None for the model's own.
+    Returns:
+        The :class:`ExportPlan`: entries in state-dict order (a tied copy left out where
+        the config ties embeddings), the high-precision linears and embeddings to
+        ``ignore``, the config.
     Raises:
+        TypeError: ``model`` not a module; ``hf_config`` neither a dict nor ``to_dict()``.
         ValueError: no MXLinear in ``model``; an MX layer whose weight format or block
             size the scheme does not store; an MX layer's weight tied to another tensor;
             a model with no Hugging Face config and no ``hf_config``.

@@ -126,10 +126,15 @@ class ShardWriter:
 
 
 def read_header(path: Path) -> tuple[dict[str, dict], int]:
-    """The tensor entries of a safetensors file (name -> dtype, shape, data_offsets; no
-    ``__metadata__``) and the byte offset where its data starts.
+    """The header of a safetensors file.
 
+    Args:
+        path: the file.
+    Returns:
+        ``(entries, start)``: name -> ``{"dtype", "shape", "data_offsets"}`` of every
+        tensor (no ``__metadata__``), and the byte offset where the data starts.
     Raises:
+        RuntimeError: a big-endian host.
         ValueError: a file too short or with a header that is not safetensors JSON.
     """
     _check_host()
@@ -150,8 +155,13 @@ def read_header(path: Path) -> tuple[dict[str, dict], int]:
 
 
 def read_tensor(path: Path, name: str) -> torch.Tensor:
-    """Tensor ``name`` of safetensors file ``path``, read alone (a CPU tensor).
+    """One tensor of a safetensors file, read alone.
 
+    Args:
+        path: the file.
+        name: the tensor's name there.
+    Returns:
+        A CPU tensor of the stored dtype and shape (its own memory).
     Raises:
         KeyError: no tensor of that name in the file.
         ValueError: a dtype this reader does not know, or a short file.
@@ -180,7 +190,11 @@ def _read(path: Path, name: str, entries: dict[str, dict], start: int) -> torch.
 
 
 def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every (name, tensor) of a safetensors file, one at a time, in file order."""
+    """Every tensor of a safetensors file, read one at a time, in file order.
+
+    Args:
+        path: the file.
+    """
     entries, start = read_header(path)
     order = sorted(entries, key=lambda n: entries[n]["data_offsets"][0])
     for name in order:

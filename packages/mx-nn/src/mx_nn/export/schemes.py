@@ -98,8 +98,12 @@ SCHEMES: dict[str, Scheme] = {
 
 
 def get_scheme(name: object) -> Scheme:
-    """The :class:`Scheme` named ``name``.
+    """Look a scheme up by name.
 
+    Args:
+        name: ``"mxfp8"`` or ``"mxfp4"`` (a :class:`Scheme` passes through).
+    Returns:
+        The :class:`Scheme`.
     Raises:
         ValueError: not one of :data:`SCHEMES` (the message lists them).
     """
@@ -111,9 +115,12 @@ def get_scheme(name: object) -> Scheme:
 
 
 def scheme_from_config(quantization_config: dict) -> Scheme:
-    """The scheme of a compressed-tensors ``quantization_config`` (config.json), for
-    loading one back.
+    """The scheme of a compressed-tensors config, for loading one back.
 
+    Args:
+        quantization_config: config.json's ``quantization_config`` dict.
+    Returns:
+        The :class:`Scheme` of its ``format``.
     Raises:
         ValueError: a quantization method or format other than the two MX layouts, or
             groups that are not one MX scheme with group size 32.
@@ -141,8 +148,13 @@ def scheme_from_config(quantization_config: dict) -> Scheme:
 
 
 def scheme_of_format(weight_fmt: str) -> Scheme:
-    """The scheme that stores weights in ``weight_fmt``.
+    """The scheme that stores weights of one element format.
 
+    Args:
+        weight_fmt: an element format's name (``"fp8_e4m3"``, ``"fp4_e2m1"``) or
+            ``ElementFormatName``.
+    Returns:
+        The :class:`Scheme` whose ``fmt`` it is.
     Raises:
         ValueError: a format neither layout stores (the message names both).
     """
@@ -154,8 +166,12 @@ def scheme_of_format(weight_fmt: str) -> Scheme:
 
 
 def scheme_for_recipe(recipe: str) -> Scheme:
-    """The scheme of the weights an mx-nn recipe trains (``"mxfp8_floor"`` -> mxfp8).
+    """The scheme of the weights an mx-nn recipe trains.
 
+    Args:
+        recipe: an mx-nn recipe name (``"mxfp8_floor"``...).
+    Returns:
+        The :class:`Scheme` of its weight format (``"mxfp8_floor"`` -> mxfp8).
     Raises:
         ValueError: an unknown recipe, or one whose weights neither layout stores
             (mxfp6).

@@ -30,14 +30,25 @@ Fetch = Callable[[Entry], torch.Tensor | None]
 
 
 def is_main() -> bool:
-    """Whether this process writes (rank 0, or no process group)."""
+    """Whether this process writes.
+
+    Returns:
+        True on rank 0, or without a process group.
+    """
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def agree(error: BaseException | None) -> None:
-    """Raise on every rank what rank 0 hit (its own exception there; the same type with
-    rank 0's message elsewhere, RuntimeError for types other than ValueError, TypeError
-    and OSError)."""
+    """Raise on every rank what rank 0 hit. Every rank of a process group calls it (a
+    broadcast).
+
+    Args:
+        error: this rank's exception, or None (only rank 0's counts elsewhere).
+    Raises:
+        Exception: rank 0's own exception there; elsewhere the same type with rank 0's
+            message (``"rank 0: ..."``), RuntimeError for types other than ValueError,
+            TypeError and OSError. Without a process group, ``error`` itself.
+    """
     if dist.is_initialized():
         shared = [None if error is None else (type(error).__name__, str(error))]
         dist.broadcast_object_list(shared, src=0)
@@ -52,8 +63,20 @@ def agree(error: BaseException | None) -> None:
 def stored_tensors(
     entry: Entry, tensor: torch.Tensor, scheme: Scheme, compute_dtype: torch.dtype | None
 ) -> list[torch.Tensor]:
-    """What the checkpoint holds of ``entry`` (``tensor``: its whole value), in the order
-    of ``entry.specs(scheme)``."""
+    """What the checkpoint holds of one entry.
+
+    Args:
+        entry: the plan's entry.
+        tensor: its whole value (any device).
+        scheme: the export's scheme.
+        compute_dtype: as :func:`~mx_nn.export.weights.weight_codes`.
+    Returns:
+        The tensors in the order of ``entry.specs(scheme)``: ``[tensor]`` (rows
+        reordered for RoPE where ``entry.rope_heads``), or an MX weight's codes and
+        uint8 scale bytes.
+    Raises:
+        ValueError: as :func:`~mx_nn.export.weights.weight_codes`.
+    """
     if entry.rope_heads:
         rows = llama_names.rope_rows(entry.rope_heads, tensor.shape[0] // entry.rope_heads)
         tensor = tensor[rows.to(tensor.device)]
@@ -75,6 +98,16 @@ def write_plan(
 ) -> None:
     """Write ``plan`` to ``out_dir`` (rank 0), fetching every entry on every rank.
 
+    Args:
+        plan: what to write (:func:`~mx_nn.export.plan.plan_model`).
+        scheme: the export's scheme.
+        out_dir: the folder (new or empty; written beside it, then moved in place).
+        fetch: an entry's whole tensor (None on ranks that do not write), called for
+            every entry in order on every rank.
+        compute_dtype: as :func:`~mx_nn.export.weights.weight_codes`.
+        config: config.json's dict.
+        extras: functions of the folder that add files (tokenizer, generation config).
+        max_shard_bytes: the largest safetensors shard, in bytes.
     Raises:
         OSError, ValueError: on every rank, what rank 0 hit (:func:`agree`); the
             folder is then not written.

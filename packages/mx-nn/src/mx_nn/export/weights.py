@@ -33,8 +33,12 @@ COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def check_compute_dtype(compute_dtype: object) -> torch.dtype | None:
-    """``compute_dtype`` if it is None or one of :data:`COMPUTE_DTYPES`.
+    """Check an export's ``compute_dtype``.
 
+    Args:
+        compute_dtype: the value given.
+    Returns:
+        ``compute_dtype``: None or one of :data:`COMPUTE_DTYPES`.
     Raises:
         ValueError: any other value.
     """
@@ -77,7 +81,16 @@ def weight_codes(
 def dequantized(
     codes: torch.Tensor, scale: torch.Tensor, fmt: str, block_size: int = 32
 ) -> torch.Tensor:
-    """fp32 values ``code * 2 ** (scale - 127)`` of rowwise MX codes (uint8 scale bytes)."""
+    """Decode rowwise MX codes.
+
+    Args:
+        codes: [..., K] codes (fp4: [..., K / 2] uint8) in ``fmt``.
+        scale: [..., K / block_size] E8M0 scale bytes (uint8).
+        fmt: the element format's name.
+        block_size: elements per scale.
+    Returns:
+        [..., K] fp32 values ``code * 2 ** (scale - 127)``.
+    """
     t = MXTensor(codes, scale.view(torch.float8_e8m0fnu), str(fmt), block_size, codes.dim() - 1,
                  torch.float32)  # fmt: skip
     return t.dequantize()
@@ -108,6 +121,16 @@ def weight_for(
     dtype, which keeps its code and makes the cast pick the stored scale: the codes and
     scales come back bit for bit; without, the weight is exactly the dequantized values.
 
+    Args:
+        codes, scale: the stored codes and uint8 scale bytes (as :func:`weight_codes`
+            returns them).
+        config: the layer's config.
+        dtype: the weight's dtype.
+        compute_dtype: as :func:`weight_codes` (None: ``dtype``).
+        name: how errors name the layer.
+        preserve_codes: raise the blocks' largest magnitudes where needed (above).
+    Returns:
+        The [N, K] weight in ``dtype``.
     Raises:
         ValueError: the values do not fit ``dtype`` exactly, or (``preserve_codes``)
             some block's cast still differs from the stored one.
@@ -146,7 +169,14 @@ def weight_for(
 
 
 def storage_of(fmt: str, shape: tuple[int, int]) -> tuple[torch.dtype, tuple[int, int]]:
-    """dtype and shape of the rowwise codes of an [N, K] weight in ``fmt``."""
+    """The storage of the rowwise codes of a weight.
+
+    Args:
+        fmt: the element format's name.
+        shape: the weight's [N, K].
+    Returns:
+        ``(dtype, shape)``: the format's storage dtype and [N, K] (fp4: uint8 [N, K // 2]).
+    """
     f = get_format(fmt)
     n, k = shape
     return f.storage_dtype, (n, k // 2 if f.is_packed else k)

@@ -36,7 +36,12 @@ _PARALLELIZED: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictio
 
 
 def mark_parallelized(model: nn.Module, mesh: DeviceMesh) -> None:
-    """Record that ``parallelize`` is changing ``model`` on ``mesh``."""
+    """Record that ``parallelize`` is changing ``model`` on ``mesh``.
+
+    Args:
+        model: the model being parallelized (held weakly).
+        mesh: its device mesh, quoted in a later refusal (:func:`check_not_parallelized`).
+    """
     _PARALLELIZED[model] = f"mesh shape {tuple(mesh.mesh.shape)}, names {mesh.mesh_dim_names}"
 
 
@@ -44,6 +49,8 @@ def check_not_parallelized(model: nn.Module) -> None:
     """Refuse a model ``parallelize`` (or ``fully_shard``) ran on, in whole or part, or
     that holds DTensor parameters or buffers (``parallelize_module``, ``distribute_tensor``).
 
+    Args:
+        model: the model ``parallelize`` was given.
     Raises:
         ValueError: naming the module or tensor found and what was applied to it.
     """
@@ -77,8 +84,15 @@ def check_ties(model: nn.Module, tp: int, model_map: ModelMap | None, explicit: 
     both are split along the vocabulary, ``Shard(0)``, so one DTensor serves both) and
     refuse every other parameter held under two names when tensor parallelism runs (each
     style would replace its module's parameter by a DTensor of its own, ending the tie
-    without an error). Returns whether the head-embedding tie is there to keep.
+    without an error).
 
+    Args:
+        model: the model to parallelize.
+        tp: the tensor-parallel degree.
+        model_map: its family's map (None: no built-in plan), naming the embedding and head.
+        explicit: an explicit ``plan=`` was given, which keeps no tie.
+    Returns:
+        Whether the head-embedding tie is there to keep (never with ``explicit``).
     Raises:
         ValueError: naming the parameter's names and how to proceed.
     """
@@ -110,6 +124,8 @@ def check_ties(model: nn.Module, tp: int, model_map: ModelMap | None, explicit: 
 def check_flags(**flags: object) -> None:
     """Refuse a flag argument that is not a bool (``compile="no"`` would be truthy).
 
+    Args:
+        flags: argument name -> the value given.
     Raises:
         TypeError: naming the argument and the value given.
     """
@@ -119,8 +135,14 @@ def check_flags(**flags: object) -> None:
 
 
 def expand_plan(model: nn.Module, plan: dict[str, ParallelStyle]) -> dict[str, ParallelStyle]:
-    """fqn -> style of every module a ``plan`` pattern matches (``*``: one component).
+    """Expand an explicit plan's fqn patterns to modules.
 
+    Args:
+        model: the model to parallelize.
+        plan: fqn pattern -> ``ParallelStyle``; patterns match whole dotted fqns,
+            component by component (``fnmatch``: ``*`` within one component).
+    Returns:
+        fqn -> style of every module a pattern matches (a later pattern wins).
     Raises:
         TypeError: ``plan`` not a dict, or a value not a ParallelStyle.
         ValueError: a pattern matching no module (``parallelize_module`` only warns).
@@ -158,6 +180,10 @@ def check_plan_modules(
     take an ``nn.Linear`` or ``nn.Embedding``, mx-dtensor's MX ones an ``nn.Linear``
     with whole MX blocks per rank (``mx_dtensor.styles.common.check_linear``).
 
+    Args:
+        model: the model to parallelize.
+        explicit: fqn -> style, as :func:`expand_plan` returns it.
+        tp_mesh: the tensor-parallel mesh (1-D).
     Raises:
         TypeError: a style on a module of a type it cannot shard.
         ValueError: an MX style whose linear splits into partial MX blocks.
@@ -254,9 +280,13 @@ def _check_inside(model: nn.Module, block: str, family: Family, key: str, head_d
 def check_tp_sizes(model: nn.Module, model_map: ModelMap, tp: int, mx: dict[str, int]) -> None:
     """Refuse head counts and split feature sizes of the built-in plan that ``tp`` does
     not divide, MX linears whose shards are not whole MX blocks, and attention parameters
-    that work across heads. ``mx``: fqn -> block size of every linear that will be an
-    MXLinear.
+    that work across heads.
 
+    Args:
+        model: the model to parallelize.
+        model_map: its family's map (blocks, embedding, head).
+        tp: the tensor-parallel degree.
+        mx: fqn -> block size of every linear that will be an MXLinear.
     Raises:
         ValueError: naming the module, the sizes and ``tp``.
     """

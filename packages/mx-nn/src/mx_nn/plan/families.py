@@ -245,10 +245,16 @@ def _is_block(module: nn.Module, family: Family) -> bool:
 
 
 def find_model_map(model: nn.Module) -> ModelMap | None:
-    """The first family whose decoder blocks occur in ``model``, or None.
+    """Map ``model`` onto the first family whose decoder blocks occur in it.
 
     Blocks are found by structure wherever they are; the embedding, final norm and head
     are the modules outside every block whose last path component is the family's name.
+
+    Args:
+        model: any module (a Hugging Face or torchtitan model, or one holding such).
+    Returns:
+        The :class:`ModelMap` (blocks in ``named_modules`` order; a root module it lacks
+        None), or None where no family's blocks occur.
     """
     for family in FAMILIES:
         blocks = [fqn for fqn, m in model.named_modules() if fqn and _is_block(m, family)]
@@ -275,8 +281,15 @@ def find_model_map(model: nn.Module) -> ModelMap | None:
 
 
 def unmapped_message(model: nn.Module) -> str:
-    """Why ``parallelize`` cannot map ``model``: its linears, what each family expects,
-    and for blocks that nearly match a family, what they have besides."""
+    """Why ``parallelize`` cannot map ``model``.
+
+    Args:
+        model: a model :func:`find_model_map` found no family in.
+    Returns:
+        The message: its linears (the first 24), what each family expects, for blocks
+        that nearly match a family what they lack and have besides, a hint for fused
+        projections, and ``plan=`` as the way out.
+    """
     linears = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
     shown = ", ".join(linears[:24]) + (
         f", ... ({len(linears)} in all)" if len(linears) > 24 else ""

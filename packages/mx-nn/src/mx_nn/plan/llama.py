@@ -48,7 +48,16 @@ def block_plan(*, sequence_parallel: bool) -> dict[str, ParallelStyle]:
 
     ``attention``'s input layouts are written for its hidden-state argument alone; the
     resolver fits them to how the family calls attention (more positional arguments, or
-    the ``hidden_states`` keyword)."""
+    the ``hidden_states`` keyword).
+
+    Args:
+        sequence_parallel: the residual stream ``Shard(1)`` between blocks (norms
+            sequence-parallel, gathers before attention and the MLP, reduce-scatters
+            after); otherwise replicated, the output projections all-reducing.
+    Returns:
+        Block key -> a fresh PyTorch style, in forward order (optional keys included:
+        :data:`OPTIONAL`).
+    """
     if not sequence_parallel:
         return {
             "attention.qkv_linear.wq": ColwiseParallel(),  # Replicate -> Shard(-1)
@@ -93,7 +102,14 @@ def root_plan(*, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     vocabulary (each rank looks up its rows; partial sums reduced, with sequence
     parallelism reduce-scattered to ``Shard(1)``), the final norm sequence-parallel,
     the LM head columnwise along the vocabulary with its logits all-gathered to a plain
-    ``Replicate()`` tensor for any loss."""
+    ``Replicate()`` tensor for any loss.
+
+    Args:
+        sequence_parallel: as :func:`block_plan`.
+    Returns:
+        Root key (``tok_embeddings``, ``norm`` with sequence parallelism, ``lm_head``) ->
+        a fresh PyTorch style.
+    """
     if not sequence_parallel:
         return {
             "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),  # -> Replicate

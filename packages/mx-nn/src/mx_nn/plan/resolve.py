@@ -43,7 +43,14 @@ __all__ = ["input_cast", "model_plan"]
 
 
 def input_cast(linear: nn.Module) -> CastSettings | None:
-    """The MX input cast of ``linear``, or None when it is not an MXLinear."""
+    """The MX input cast of a linear.
+
+    Args:
+        linear: any module.
+    Returns:
+        The :class:`~mx_core.CastSettings` of an MXLinear's input cast (format, block
+        size, scale mode, backend), or None when ``linear`` is not an MXLinear.
+    """
     if not isinstance(linear, MXLinear):
         return None
     c = linear.config
@@ -92,7 +99,18 @@ def _gather(style: PrepareModuleInput, arg: str | int, cast: CastSettings | None
 def model_plan(
     model: nn.Module, model_map: ModelMap, *, sequence_parallel: bool, mx_comms: bool
 ) -> dict[str, ParallelStyle]:
-    """The whole TP plan of ``model`` (fqn -> style), blocks in order then the root."""
+    """The whole TP plan of ``model``: the literal plan resolved (module doc).
+
+    Args:
+        model: the model, its MXLinears already in place.
+        model_map: where its blocks and root modules are
+            (:func:`~mx_nn.plan.families.find_model_map`).
+        sequence_parallel: as :func:`~mx_nn.plan.llama.block_plan`.
+        mx_comms: gather in MX (codes and scales) where every linear fed makes the same
+            input cast, and the MX LM head's input too (module doc).
+    Returns:
+        fqn -> style, blocks in order then the root; modules the family lacks left out.
+    """
     family = model_map.family
     plan: dict[str, ParallelStyle] = {}
     for b in model_map.blocks:

@@ -28,8 +28,13 @@ __all__ = ["VocabParallelEmbedding", "is_vocab_parallel_embedding"]
 
 
 def is_vocab_parallel_embedding(module: nn.Module) -> bool:
-    """Whether ``module`` is an embedding that does its own vocabulary-parallel lookup
-    (torchtitan's: an ``nn.Embedding`` with a ``tp_group`` attribute)."""
+    """Whether ``module`` is an embedding that does its own vocabulary-parallel lookup.
+
+    Args:
+        module: any module.
+    Returns:
+        True for torchtitan's: an ``nn.Embedding`` with a ``tp_group`` attribute.
+    """
     return isinstance(module, nn.Embedding) and hasattr(module, "tp_group")
 
 

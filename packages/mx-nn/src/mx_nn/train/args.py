@@ -129,7 +129,12 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``mx-train`` argument parser."""
+    """The ``mx-train`` argument parser.
+
+    Returns:
+        A fresh ``argparse.ArgumentParser`` with every flag, defaults from
+        :class:`TrainArgs`; it parses without the checks of :func:`parse_args`.
+    """
     d = TrainArgs()
     p = argparse.ArgumentParser(
         prog="mx-train",
@@ -195,8 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
-    """Parse ``argv`` (default ``sys.argv[1:]``); a bad value exits with an argparse error
-    naming the flag (exit status 2)."""
+    """Parse and check ``mx-train``'s command line.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+    Returns:
+        The :class:`TrainArgs` (the device resolved: ``cuda`` where available, else
+        ``cpu``).
+    Raises:
+        SystemExit: a bad value, a combination that cannot run or a step that would not
+            fit in memory: an argparse error naming the flag (exit status 2).
+    """
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.compare is None:

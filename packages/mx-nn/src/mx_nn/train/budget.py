@@ -24,13 +24,28 @@ _LOWER = 0.75  # the fit times this: stays below what was measured
 
 
 def per_token_bytes(dim: int, hidden: int, layers: int, tp: int = 1) -> float:
-    """Activation bytes per token of one training step (fit, not the lower bound);
-    ``tp`` divides the per-block widths (tensor-parallel shards)."""
+    """Activation bytes per token of one training step (the fit, not the lower bound).
+
+    Args:
+        dim: the model width.
+        hidden: the FFN's hidden width.
+        layers: transformer blocks.
+        tp: the tensor-parallel degree, which divides the per-block widths (shards).
+    Returns:
+        Bytes per token, on one rank.
+    """
     return 4 * (layers * (6 * dim + 4 * hidden) / tp + 3.25 * VOCAB)
 
 
 def step_bytes(*, dim: int, hidden: int, layers: int, tokens: int, tp: int = 1) -> int:
-    """A lower bound on the activation memory of one step over ``tokens`` tokens."""
+    """A lower bound on the activation memory of one step.
+
+    Args:
+        dim, hidden, layers, tp: as :func:`per_token_bytes`.
+        tokens: tokens of the step on one device (sequences times ``--seq``).
+    Returns:
+        Bytes: 3/4 of ``tokens`` times :func:`per_token_bytes` (module doc).
+    """
     return int(_LOWER * tokens * per_token_bytes(dim, hidden, layers, tp))
 
 
@@ -46,8 +61,14 @@ def _cgroup_limit() -> int | None:
 
 
 def available_bytes(device: torch.device) -> tuple[int, str]:
-    """The memory a run on ``device`` can use at most and what it is: one CUDA device's
-    total memory, or on CPU the host's RAM (or the container's limit, if lower)."""
+    """The memory a run on ``device`` can use at most.
+
+    Args:
+        device: the run's device (CUDA: ``index`` None means device 0).
+    Returns:
+        ``(bytes, what)``: one CUDA device's total memory, or on CPU the host's RAM (or the
+        container's cgroup limit, if lower), and how a message names it.
+    """
     if device.type == "cuda":
         index = device.index if device.index is not None else 0
         return torch.cuda.get_device_properties(index).total_memory, f"{device} memory"

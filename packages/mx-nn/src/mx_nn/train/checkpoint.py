@@ -104,7 +104,11 @@ def _agree(error: str | None, what: str) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's torch RNG states (CPU, and every CUDA device when CUDA is up)."""
+    """This process's torch RNG states.
+
+    Returns:
+        ``{"cpu": state}``, plus ``"cuda"``: every CUDA device's, when CUDA is initialised.
+    """
     state: dict[str, Any] = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -112,14 +116,25 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore this process's torch RNG states.
+
+    Args:
+        state: what :func:`rng_state` returned.
+    """
     torch.set_rng_state(state["cpu"])
     if "cuda" in state:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def generations(root: Path) -> list[Path]:
-    """The generation folders in ``root``, complete or not, oldest first."""
+    """The generation folders of a checkpoint root.
+
+    Args:
+        root: ``<out>/checkpoint``.
+    Returns:
+        Its ``<serial>-<tag>`` folders, complete or not, oldest (lowest serial) first;
+        empty where ``root`` is no folder.
+    """
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if _GENERATION.match(p.name) and p.is_dir()]
@@ -127,7 +142,13 @@ def generations(root: Path) -> list[Path]:
 
 
 def latest(root: Path) -> Path | None:
-    """The newest complete generation in ``root`` (it has a manifest; not verified)."""
+    """The newest complete generation in a checkpoint root.
+
+    Args:
+        root: ``<out>/checkpoint``.
+    Returns:
+        The newest generation that has a manifest (not verified), or None.
+    """
     complete = [g for g in generations(root) if (g / manifest.MANIFEST).is_file()]
     return complete[-1] if complete else None
 
@@ -177,8 +198,15 @@ def save(root: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loop: d
          tag: str) -> Path:  # fmt: skip
     """Write a new complete generation ``<serial>-<tag>`` in ``root`` holding ``model``,
     ``optimizer`` and this rank's ``loop`` state (picklable values and tensors), then
-    remove the older ones; return its folder. A collective when a process group is up.
+    remove the older ones. A collective when a process group is up.
 
+    Args:
+        root: ``<out>/checkpoint`` (created if missing).
+        model, optimizer: what to save, sharded or not.
+        loop: this rank's loop state (picklable values and tensors).
+        tag: the generation's name after its serial (``[A-Za-z0-9_.-]``).
+    Returns:
+        The new generation's folder.
     Raises:
         CheckpointError: a write failed on some rank (disk full, no permission, ...);
             the previous complete generation is left as it was.
@@ -225,6 +253,8 @@ def verify(gen: Path) -> None:
     """Check every file of generation ``gen`` against its manifest (the ranks share the
     files out) and that it holds this world's files; a collective under a process group.
 
+    Args:
+        gen: a complete generation.
     Raises:
         CheckpointError: naming each file missing or changed.
     """
@@ -245,8 +275,13 @@ def verify(gen: Path) -> None:
 
 def find(root: Path) -> Path:
     """The newest complete generation in ``root``, verified (:func:`verify`). A corrupt
-    newest generation is refused, never skipped for an older one.
+    newest generation is refused, never skipped for an older one. A collective under a
+    process group.
 
+    Args:
+        root: ``<out>/checkpoint``.
+    Returns:
+        The verified generation's folder.
     Raises:
         CheckpointError: none is complete, or the newest is corrupt.
     """
@@ -258,8 +293,17 @@ def find(root: Path) -> Path:
 
 
 def load(gen: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Load generation ``gen`` into ``model`` and ``optimizer`` (in place, either sharded
-    or not as when saved) and return this rank's loop state."""
+    """Load a generation into ``model`` and ``optimizer``, in place. A collective under a
+    process group.
+
+    Args:
+        gen: a verified generation (:func:`find`).
+        model, optimizer: built as when saved (either sharded or not).
+    Returns:
+        This rank's loop state (:func:`load_loop`).
+    Raises:
+        CheckpointError: DCP failed on some rank (naming each), or as :func:`load_loop`.
+    """
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     try:
@@ -273,7 +317,15 @@ def load(gen: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
 
 
 def load_loop(gen: Path) -> dict:
-    """This rank's loop state alone (no model or optimizer)."""
+    """This rank's loop state alone (no model or optimizer).
+
+    Args:
+        gen: a verified generation.
+    Returns:
+        The dict :func:`save` was given on this rank.
+    Raises:
+        CheckpointError: some rank cannot read its ``loop-rank<r>.pt``.
+    """
     path = gen / f"loop-rank{_rank()}.pt"
     state, error = None, None
     try:

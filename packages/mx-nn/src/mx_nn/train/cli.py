@@ -137,7 +137,18 @@ def _local_copy(sd: dict, args: TrainArgs, recipe: str, device) -> tuple:
 
 
 def run(args: TrainArgs) -> int:
-    """Run ``args``; returns the exit status (130 when interrupted by SIGINT/SIGTERM)."""
+    """Run ``args``: each run in turn, then the export, the report and a greedy sample.
+
+    Args:
+        args: the parsed flags (:func:`~mx_nn.train.args.parse_args`).
+    Returns:
+        The exit status: 0, or 130 when interrupted by SIGINT/SIGTERM (resumable).
+    Raises:
+        UsageError: a flag's value cannot work here (exit status 2).
+        RunFailed: --out, the export or the report cannot be written (exit status 1).
+        CheckpointError: a checkpoint cannot be written or trusted.
+        TrainingDiverged: a non-finite loss, gradient norm or parameter.
+    """
     out = Path(args.out)
     log = contextlib.ExitStack()
     try:
@@ -254,7 +265,15 @@ def _teardown(barrier: bool) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``mx-train`` in-process: its exit status (``mx-train --help`` lists the flags)."""
+    """``mx-train`` in-process (``mx-train --help`` lists the flags).
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+    Returns:
+        The exit status: 0; 1 (:data:`FAILED`), 2 (a usage error), 3 (diverged:
+        :data:`~mx_nn.train.guard.DIVERGED`) or 130 (interrupted), each failure with its
+        message on stderr.
+    """
     return _main(argv)[0]
 
 
@@ -281,6 +300,9 @@ def _main(argv: Sequence[str] | None) -> tuple[int, bool]:
 
 def console(argv: Sequence[str] | None = None) -> None:
     """The ``mx-train`` command: :func:`main`, then exit with its status.
+
+    Args:
+        argv: as :func:`main`.
 
     After a run with a process group (under torchrun) the process ends without the
     interpreter's finalization, its output flushed first: gloo's worker threads can still

@@ -18,8 +18,15 @@ MAX_HELDOUT_BATCHES = 4
 
 
 def load_text(path: str | Path | None) -> tuple[bytes, str]:
-    """The UTF-8 bytes of ``path`` (the built-in Shakespeare corpus when None) and a name
-    for it. Raises ValueError naming ``--data`` when the file is not UTF-8."""
+    """The text a run trains on.
+
+    Args:
+        path: a ``--data`` file, or None for the built-in Shakespeare corpus.
+    Returns:
+        ``(text, name)``: its UTF-8 bytes and a name for it in messages.
+    Raises:
+        ValueError: the file is not UTF-8 (the message names ``--data``).
+    """
     if path is None:
         corpus = resources.files("mx_nn.train") / "corpus" / "shakespeare.txt"
         return corpus.read_bytes(), "built-in Shakespeare (corpus/NOTICE.md)"

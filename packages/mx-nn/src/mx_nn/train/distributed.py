@@ -29,8 +29,13 @@ logger = logging.getLogger("mx_nn.train")
 
 
 def setup(args: TrainArgs) -> tuple[DeviceMesh | None, torch.device]:
-    """The (dp, tp) mesh and this rank's device; ``(None, args.device)`` on one process.
+    """Start the process group for ``--tp``/``--dp`` > 1 (under torchrun).
 
+    Args:
+        args: the run's flags.
+    Returns:
+        ``(mesh, device)``: the 2-D (``"dp"``, ``"tp"``) mesh and this rank's device (CUDA:
+        ``LOCAL_RANK``'s); ``(None, args.device)`` on one process.
     Raises:
         RuntimeError: parallelism asked for but ``mx_nn.parallelize`` is missing, or the
             process count (``WORLD_SIZE``) is not ``tp * dp``.
@@ -59,10 +64,18 @@ def setup(args: TrainArgs) -> tuple[DeviceMesh | None, torch.device]:
 
 
 def apply_parallel(model: nn.Module, mesh: DeviceMesh, recipe: str) -> nn.Module:
-    """``mx_nn.parallelize`` the model on ``mesh`` in ``recipe`` (None for bf16).
+    """``mx_nn.parallelize`` the model on ``mesh`` in ``recipe``.
 
     A mesh dim of size 1 is left out (``mesh["dp"]`` alone: FSDP2 only; ``mesh["tp"]``
-    alone: tensor parallel only), so no parameter becomes a DTensor over one rank."""
+    alone: tensor parallel only), so no parameter becomes a DTensor over one rank.
+
+    Args:
+        model: the plain model.
+        mesh: :func:`setup`'s (dp, tp) mesh.
+        recipe: an mx_nn recipe, or ``"bf16"`` (no MX layers: ``recipe=None``).
+    Returns:
+        The parallelized model (``mx_nn.parallelize``'s).
+    """
     dp, tp = mesh["dp"].size(), mesh["tp"].size()
     sub = mesh if dp > 1 and tp > 1 else mesh["dp"] if dp > 1 else mesh["tp"]
     logger.info("mx-train: parallelize on %s mesh %s (dp=%d, tp=%d)",
@@ -71,14 +84,24 @@ def apply_parallel(model: nn.Module, mesh: DeviceMesh, recipe: str) -> nn.Module
 
 
 def dp_rank_and_size(mesh: DeviceMesh | None) -> tuple[int, int]:
-    """This rank's data-parallel index and the data-parallel degree."""
+    """This rank's place in data parallelism.
+
+    Args:
+        mesh: :func:`setup`'s mesh, or None on one process.
+    Returns:
+        ``(rank, size)``: the data-parallel index and degree (``(0, 1)`` without a mesh).
+    """
     if mesh is None:
         return 0, 1
     return mesh["dp"].get_local_rank(), mesh["dp"].size()
 
 
 def is_main() -> bool:
-    """Whether this process prints and writes the report (rank 0)."""
+    """Whether this process prints and writes the report.
+
+    Returns:
+        True on rank 0, or without a process group.
+    """
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
@@ -89,7 +112,15 @@ def dp_shard(rows: int, mesh: DeviceMesh | None) -> tuple[torch.Tensor, torch.Te
     Rank r takes the r-th contiguous block, so the dp ranks together see the global
     batch in its order. When ``rows`` is not a multiple of dp the last blocks are padded
     with copies of the last row of weight 0: every rank runs the same forward count and
-    shape (FSDP's collectives need it) and the padding counts for nothing."""
+    shape (FSDP's collectives need it) and the padding counts for nothing.
+
+    Args:
+        rows: the global batch's rows.
+        mesh: :func:`setup`'s mesh, or None on one process.
+    Returns:
+        ``(idx, weight)``: int64 [ceil(rows / dp)] row indices and float64 weights of the
+        same shape, 1 for a row of this rank, 0 for padding.
+    """
     rank, size = dp_rank_and_size(mesh)
     per = -(-rows // size)
     idx = torch.arange(rank * per, (rank + 1) * per)
@@ -98,7 +129,14 @@ def dp_shard(rows: int, mesh: DeviceMesh | None) -> tuple[torch.Tensor, torch.Te
 
 
 def sum_over_dp(values: list[float], mesh: DeviceMesh | None) -> list[float]:
-    """Elementwise sums of ``values`` over the data-parallel ranks (float64)."""
+    """Sum values over the data-parallel ranks (one all-reduce, float64).
+
+    Args:
+        values: this rank's values.
+        mesh: :func:`setup`'s mesh, or None on one process.
+    Returns:
+        The elementwise sums (``values`` themselves without data parallelism).
+    """
     if mesh is None or mesh["dp"].size() == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=mesh.device_type)
@@ -113,7 +151,15 @@ def agree_step(loss: float, stop: bool, mesh: DeviceMesh | None) -> tuple[float,
     different steps; a rank that stopped alone would leave the others in a collective).
 
     One all-reduce over all ranks: the tensor-parallel ranks of one dp group hold the
-    same loss, so the mean over all ranks is the mean over dp."""
+    same loss, so the mean over all ranks is the mean over dp.
+
+    Args:
+        loss: this rank's loss of the step.
+        stop: whether this rank was asked to stop.
+        mesh: :func:`setup`'s mesh, or None on one process.
+    Returns:
+        ``(mean loss, any rank stops)``.
+    """
     if mesh is None:
         return loss, stop
     t = torch.tensor([loss, float(stop)], dtype=torch.float64, device=mesh.device_type)
@@ -122,7 +168,14 @@ def agree_step(loss: float, stop: bool, mesh: DeviceMesh | None) -> tuple[float,
 
 
 def max_over_ranks(value: float, mesh: DeviceMesh | None) -> float:
-    """The largest ``value`` of all ranks."""
+    """The largest value of all ranks (one all-reduce).
+
+    Args:
+        value: this rank's value.
+        mesh: :func:`setup`'s mesh, or None on one process.
+    Returns:
+        The maximum over every rank (``value`` itself without a mesh).
+    """
     if mesh is None:
         return value
     t = torch.tensor([value], dtype=torch.float64, device=mesh.device_type)

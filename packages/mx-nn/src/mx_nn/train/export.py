@@ -24,7 +24,13 @@ __all__ = ["compute_dtype", "export_live", "export_run", "generation_of"]
 
 
 def compute_dtype(args: TrainArgs) -> torch.dtype:
-    """The dtype the run's forward cast its weights to before the MX casts."""
+    """The dtype the run's forward cast its weights to before the MX casts.
+
+    Args:
+        args: the run's flags.
+    Returns:
+        bf16 under ``--autocast`` (the default), else fp32.
+    """
     return torch.bfloat16 if args.autocast else torch.float32
 
 
@@ -33,6 +39,10 @@ def generation_of(path: str | os.PathLike) -> Path:
     complete one under ``path`` (the ``checkpoint`` folder of a run, or the run's
     ``--out``), verified against its manifest.
 
+    Args:
+        path: a generation folder, a run's checkpoint folder, or its ``--out``.
+    Returns:
+        The verified generation's folder.
     Raises:
         ValueError: no mx-train checkpoint there.
         CheckpointError: the newest one is corrupt (its files and their digests named).
@@ -99,7 +109,15 @@ def export_run(
 
 
 def export_live(model: nn.Module, args: TrainArgs) -> tuple[Path, Scheme]:
-    """``mx-train --export``: the run's final model (sharded under torchrun; every rank
-    calls this) to ``args.export``."""
+    """``mx-train --export``: the run's final model to ``args.export``.
+
+    Args:
+        model: the run's final model (sharded under torchrun; every rank calls this).
+        args: the run's flags (an MX ``--recipe``, ``--export`` set).
+    Returns:
+        ``(folder, scheme)``: the export folder and the scheme of the recipe's weights.
+    Raises:
+        ValueError, OSError: as :func:`mx_nn.export.export`.
+    """
     scheme = scheme_for_recipe(args.recipe)
     return export(model, args.export, scheme, compute_dtype=compute_dtype(args)), scheme

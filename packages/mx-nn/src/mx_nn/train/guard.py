@@ -63,7 +63,13 @@ def _finite(value) -> bool:
 
 
 def all_finite(model: nn.Module) -> bool:
-    """Whether every parameter (this rank's shard of each) is finite."""
+    """Whether every parameter is finite.
+
+    Args:
+        model: the model (DTensor parameters: this rank's shard of each).
+    Returns:
+        True when no floating-point parameter holds a NaN or inf.
+    """
     return all(_finite(p.detach()) for p in model.parameters())
 
 
@@ -74,7 +80,16 @@ def first_nonfinite_module(model: nn.Module, inputs: torch.Tensor, autocast: boo
     hooks on every module and return the first module path, in the order outputs are
     made, whose output holds a NaN or inf ("<model>" for the logits alone); None when
     all are finite. On a mesh every rank runs it (the forward's collectives need all)
-    and the answer is the lowest rank's find, e.g. ``"layers.0.attention (rank 1)"``."""
+    and the answer is the lowest rank's find, e.g. ``"layers.0.attention (rank 1)"``.
+
+    Args:
+        model: the model.
+        inputs: token ids, int64 [batch, seq].
+        autocast: run under bf16 autocast, as the step did.
+        mesh: the run's mesh, or None on one process.
+    Returns:
+        The module path (``"<model>"`` for the logits alone), or None.
+    """
     found: list[str] = []
 
     def hook(fqn: str, module: nn.Module):
@@ -96,7 +111,14 @@ def first_nonfinite_module(model: nn.Module, inputs: torch.Tensor, autocast: boo
 def forward_hooked(model: nn.Module, inputs: torch.Tensor, autocast: bool, hook_for) -> None:
     """One forward of ``model`` on ``inputs`` (under bf16 autocast unless ``autocast`` is
     off) with the forward hook ``hook_for(fqn, module)`` returns (None: none) on each of
-    its modules; every hook is removed afterwards, also when the forward raises."""
+    its modules; every hook is removed afterwards, also when the forward raises.
+
+    Args:
+        model: the model.
+        inputs: token ids, int64 [batch, seq].
+        autocast: run under bf16 autocast.
+        hook_for: ``(fqn, module) -> forward hook or None``, asked once per module.
+    """
     handles = []
     try:
         for fqn, module in model.named_modules():

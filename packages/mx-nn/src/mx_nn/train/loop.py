@@ -97,7 +97,14 @@ class RunResult:
 def mx_filter(module: nn.Module, fqn: str) -> bool:
     """``convert``'s filter for the MX runs: every linear but the vocabulary projection
     ``output``, which stays bf16 as MX training recipes commonly keep it (the loss reads
-    its outputs directly)."""
+    its outputs directly).
+
+    Args:
+        module: a linear of the model (unused: the name decides).
+        fqn: its name in the model.
+    Returns:
+        False for ``output`` alone.
+    """
     return fqn != "output"
 
 
@@ -105,7 +112,16 @@ def build_model(args: TrainArgs, recipe: str, device: torch.device,
                 mesh: DeviceMesh | None = None) -> nn.Module:  # fmt: skip
     """The seeded Llama of ``args`` (initialised on CPU, so every device and every run
     starts from the same weights), on ``device``, in ``recipe``: converted to MXLinear
-    (all linears but ``output``) on one process, ``mx_nn.parallelize``-d on a mesh."""
+    (all linears but ``output``) on one process, ``mx_nn.parallelize``-d on a mesh.
+
+    Args:
+        args: the run's flags (model shape, seed).
+        recipe: an mx_nn recipe, or ``"bf16"`` (no MX layers).
+        device: where the model runs.
+        mesh: the run's (dp, tp) mesh, or None on one process.
+    Returns:
+        The model (parallelized on a mesh).
+    """
     torch.manual_seed(args.seed)
     model = Llama(args.model_config).to(device)
     if mesh is not None:
@@ -183,8 +199,7 @@ def _peak_memory(device: torch.device) -> tuple[float, str]:
 def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.device, *,
               mesh: DeviceMesh | None, ckpt: Path, done: list[RunResult], stop: StopFlag,
               resume: Path | None = None) -> tuple[RunResult, nn.Module]:  # fmt: skip
-    """Train run ``run_index`` of ``args.runs`` (from ``resume``, a checkpoint generation
-    of this run, when given) and return its result and its (unwrapped) model.
+    """Train run ``run_index`` of ``args.runs``.
 
     Checkpoints into ``ckpt`` (:func:`mx_nn.train.checkpoint.save`) every
     ``args.save_every`` steps, when the run finishes, and when ``stop`` is requested
@@ -192,6 +207,23 @@ def train_run(args: TrainArgs, run_index: int, data: ByteData, device: torch.dev
     (then re-raises; not when the optimizer was mid-update, nor under torchrun, where
     the other ranks could not join the save). A non-finite loss or gradient norm raises
     :class:`~mx_nn.train.guard.TrainingDiverged` and saves nothing.
+
+    Args:
+        args: the run's flags.
+        run_index: which of ``args.runs`` (the bf16 baseline first, with ``--compare``).
+        data: the corpus and its batches.
+        device: this rank's device.
+        mesh: the run's (dp, tp) mesh, or None on one process.
+        ckpt: ``<out>/checkpoint``.
+        done: the results of the runs before this one (saved with each checkpoint).
+        stop: the SIGINT/SIGTERM flag.
+        resume: a checkpoint generation of this run to continue from, or None.
+    Returns:
+        ``(result, model)``: the run's :class:`RunResult` and its (unwrapped) model.
+    Raises:
+        TrainingInterrupted: ``stop`` was requested; a checkpoint holds the run.
+        TrainingDiverged: a non-finite loss, gradient norm, held-out loss or parameter.
+        CheckpointError: a checkpoint cannot be written.
     """
     recipe = args.runs[run_index]
     model = build_model(args, recipe, device, mesh)

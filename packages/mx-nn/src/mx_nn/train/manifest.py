@@ -26,7 +26,11 @@ class CheckpointError(Exception):
 
 
 def fsync_dir(path: Path) -> None:
-    """Make the entries of folder ``path`` (files created, renamed, removed) durable."""
+    """Make a folder's entries (files created, renamed, removed) durable.
+
+    Args:
+        path: the folder, fsynced.
+    """
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -35,8 +39,14 @@ def fsync_dir(path: Path) -> None:
 
 
 def digest(path: Path, *, sync: bool = False) -> dict:
-    """``{"bytes": size, "sha256": hex}`` of file ``path``; with ``sync`` the file is
-    fsynced too (its data durable before a manifest vouches for it)."""
+    """The size and SHA-256 of a file.
+
+    Args:
+        path: the file.
+        sync: fsync it too (its data durable before a manifest vouches for it).
+    Returns:
+        ``{"bytes": size, "sha256": hex digest}``.
+    """
     h, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -52,8 +62,15 @@ def _seal(payload: bytes) -> bytes:
 
 
 def write(folder: Path, files: dict[str, dict]) -> Path:
-    """Write ``folder``'s manifest listing ``files`` (name -> :func:`digest`) in one
-    rename, then fsync the folder: once this returns the checkpoint is complete."""
+    """Write a folder's manifest in one rename, then fsync the folder: once this returns
+    the checkpoint is complete.
+
+    Args:
+        folder: the generation folder.
+        files: name -> :func:`digest` of every file it vouches for.
+    Returns:
+        The manifest's path.
+    """
     body = {"format": FORMAT, "files": dict(sorted(files.items()))}
     data = _seal((json.dumps(body, indent=1) + "\n").encode())
     tmp, final = folder / (MANIFEST + ".tmp"), folder / MANIFEST
@@ -67,10 +84,15 @@ def write(folder: Path, files: dict[str, dict]) -> Path:
 
 
 def read(folder: Path) -> dict[str, dict]:
-    """The files ``folder``'s manifest lists (name -> ``{"bytes", "sha256"}``).
+    """The files a folder's manifest lists.
 
+    Args:
+        folder: the generation folder.
+    Returns:
+        name -> ``{"bytes", "sha256"}``.
     Raises:
-        CheckpointError: the manifest is missing, or any byte of it was changed.
+        CheckpointError: the manifest is missing or unreadable, any byte of it was
+            changed, or it is not of this format.
     """
     path = folder / MANIFEST
     try:
@@ -95,8 +117,15 @@ def read(folder: Path) -> dict[str, dict]:
 
 
 def check_files(folder: Path, files: dict[str, dict]) -> list[str]:
-    """What is wrong with ``files`` (name -> expected digest) in ``folder``: one line per
-    file that is missing, of another size or of other bytes; empty when all match."""
+    """What is wrong with the files of a folder.
+
+    Args:
+        folder: the generation folder.
+        files: name -> the expected :func:`digest`.
+    Returns:
+        One line per file that is missing or unreadable, of another size or of other
+        bytes; empty when all match.
+    """
     problems = []
     for name, want in files.items():
         path = folder / name

@@ -30,8 +30,16 @@ def layer_sqnr(
 ) -> dict[str, float]:
     """SQNR in dB of each linear's, each block's and the logits' (``output``) output in
     ``mx`` against the same module of ``reference`` (same weights, bf16), on one batch
-    of token ids ``inputs`` under bf16 autocast (unless ``autocast`` is off); keys are
-    module paths in forward order."""
+    of token ids under bf16 autocast (unless ``autocast`` is off).
+
+    Args:
+        reference: the bf16 model.
+        mx: the same weights with MX linears.
+        inputs: token ids, int64 [batch, seq], on the models' device.
+        autocast: run under bf16 autocast.
+    Returns:
+        Module path -> SQNR in dB, in forward order.
+    """
     outputs: dict[str, list[torch.Tensor]] = {}
 
     def hook_for(fqn: str, module: nn.Module):
@@ -49,7 +57,14 @@ def layer_sqnr(
 
 
 def gap_percent(result: RunResult, baseline: RunResult) -> float:
-    """Held-out loss of ``result`` above ``baseline``'s, in % of the baseline's."""
+    """How much higher a run's final held-out loss is than the baseline's.
+
+    Args:
+        result: the run.
+        baseline: the bf16 run.
+    Returns:
+        The difference in % of the baseline's loss (negative: lower).
+    """
     return (
         100
         * (result.final_heldout_loss - baseline.final_heldout_loss)
@@ -84,7 +99,15 @@ def _finite(sqnr: dict[str, float]) -> dict[str, float | None]:
 
 
 def table(results: list[RunResult], sqnr: dict[str, float] | None) -> str:
-    """The summary table and the per-layer SQNR lines, as text."""
+    """The end-of-training report, as text.
+
+    Args:
+        results: every run's result, in order (a bf16 run is the baseline of the gaps).
+        sqnr: :func:`layer_sqnr` of the last run, or None.
+    Returns:
+        The summary table (losses in nats per token, the gap to bf16, tokens/s, peak
+        memory in MiB) and the per-layer SQNR lines, newline-joined.
+    """
     s = summary(results, sqnr)
     head = f"{'run':<18}{'train loss':>11}{'held-out':>10}{'gap vs bf16':>13}" \
            f"{'tokens/s':>11}{'peak mem':>14}"  # fmt: skip
@@ -114,8 +137,18 @@ def table(results: list[RunResult], sqnr: dict[str, float] | None) -> str:
 
 def write_figures(out: Path, results: list[RunResult], sqnr: dict[str, float] | None,
                   extra: dict) -> list[Path]:  # fmt: skip
-    """Write ``loss_curves.png``/``.json``, ``sqnr.png``/``.json`` (when an MX run exists)
-    and ``summary.json`` (the table, plus ``extra``) into ``out``; return the paths."""
+    """Write the report's figures and their numbers; each file replaces an older one in
+    one rename.
+
+    Args:
+        out: the run's folder.
+        results: every run's result, in order.
+        sqnr: :func:`layer_sqnr` of the last run, or None (no SQNR figure).
+        extra: more JSON-ready entries for ``summary.json``.
+    Returns:
+        The paths written: ``loss_curves.png``/``.json``, ``sqnr.png``/``.json`` with
+        ``sqnr``, and ``summary.json`` (the table's values plus ``extra``).
+    """
     from mx_nn.train.extras import pyplot as plt
 
     paths = []

@@ -12,8 +12,18 @@ __all__ = ["greedy"]
 def greedy(
     model: nn.Module, prompt: bytes, n: int, *, max_seq_len: int, autocast: bool = True
 ) -> bytes:
-    """``prompt`` followed by ``n`` bytes, each the most likely next byte given the last
-    ``max_seq_len`` (bf16 autocast, on the model's device)."""
+    """Continue a prompt greedily, byte by byte.
+
+    Args:
+        model: a byte-level language model ([batch, seq] int64 ids -> [batch, seq, 256]
+            logits).
+        prompt: the bytes to continue (at least one).
+        n: bytes to add.
+        max_seq_len: the window of bytes each prediction sees (the last ones).
+        autocast: run under bf16 autocast, on the model's device.
+    Returns:
+        ``prompt`` followed by ``n`` bytes, each the most likely next byte.
+    """
     device = next(model.parameters()).device
     tokens = torch.tensor(list(prompt), dtype=torch.long, device=device)[None]
     for _ in range(n):
