@@ -53,6 +53,11 @@ QUICK_MODES, QUICK_DTYPES = LARGE_MODES, (torch.bfloat16, torch.float32)
 GEMM_TOLERANCE = {torch.bfloat16: 2.0**-8, torch.float32: 1e-5}
 """Largest allowed max|got - emulated| / max|emulated| of a GEMM per output dtype: one
 bf16 rounding of the output; for fp32 output, fp32 accumulation in another order."""
+FP8_MMA_FP32_TOLERANCE = 2.0**-12
+"""The ``fp8_mma`` design with an fp32 result: sm90's fp8 MMA keeps about 14 bits of
+its accumulation (DeepSeek-V3 technical report, section 3.3.2, on H800), so each
+32-wide block's partial carries a relative error near 2**-14 (measured on an H100:
+5.9e-05 to 7.8e-05, BENCHMARKS.md, 2026-12-07 'GPU check'); bf16 results hide it."""
 
 
 def _data(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -189,7 +194,9 @@ def check_gemms(shapes, failures: list[str], deadline: float) -> list[tuple]:
                 for design in DESIGNS:
                     got = scaled_mm_triton(a_q, a.scale, b_q, b.scale, out_dtype, design=design)
                     err = (got.float() - want).abs().max().item() / scale
-                    ok = err <= GEMM_TOLERANCE[out_dtype] and bool(torch.isfinite(got).all())
+                    fp8_mma_fp32 = design == "fp8_mma" and out_dtype == torch.float32
+                    tol = FP8_MMA_FP32_TOLERANCE if fp8_mma_fp32 else GEMM_TOLERANCE[out_dtype]
+                    ok = err <= tol and bool(torch.isfinite(got).all())
                     if not ok:
                         failures.append(
                             f"scaled_mm {design} {a_fmt}x{b_fmt} {(m, k, n)} {out_dtype}: {err:.3g}"
@@ -251,7 +258,15 @@ def main(argv: list[str] | None = None) -> int:
         default="cuda",
         help="cuda (default), or cpu under TRITON_INTERPRET=1 to check the script itself",
     )
+    parser.add_argument(
+        "--parts",
+        default="casts,swizzle,gemms",
+        help="comma-separated: casts, swizzle, gemms (default: all three)",
+    )
     args = parser.parse_args(argv)
+    parts_asked = set(args.parts.split(","))
+    if not parts_asked or parts_asked - {"casts", "swizzle", "gemms"}:
+        parser.error(f"--parts: {args.parts!r}; allowed: casts, swizzle, gemms, comma-separated")
     global DEVICE
     DEVICE = torch.device(args.device)
     if DEVICE.type == "cuda" and (
@@ -280,21 +295,24 @@ def main(argv: list[str] | None = None) -> int:
         print("\n\n".join(texts), end="\n\n", flush=True)
 
     emit(_environment())
-    emit(
-        "## Casts, fake quantize, dequantize (bit for bit)",
-        _table(
-            ("format", "scale mode", "input", "checks", "equal"),
-            check_casts(cast_shapes, failures, modes, dtypes, deadline),
-        ),
-    )
-    emit("## Scale swizzle (bit for bit)", _table(("scales", "equal"), check_swizzle(failures)))
-    emit(
-        "## scaled_mm Triton designs vs emulated (max error / max |emulated|)",
-        _table(
-            ("design", "formats", "M x K x N", "out", "error", "within"),
-            check_gemms(gemm_shapes, failures, deadline),
-        ),
-    )
+    if "casts" in parts_asked:
+        emit(
+            "## Casts, fake quantize, dequantize (bit for bit)",
+            _table(
+                ("format", "scale mode", "input", "checks", "equal"),
+                check_casts(cast_shapes, failures, modes, dtypes, deadline),
+            ),
+        )
+    if "swizzle" in parts_asked:
+        emit("## Scale swizzle (bit for bit)", _table(("scales", "equal"), check_swizzle(failures)))
+    if "gemms" in parts_asked:
+        emit(
+            "## scaled_mm Triton designs vs emulated (max error / max |emulated|)",
+            _table(
+                ("design", "formats", "M x K x N", "out", "error", "within"),
+                check_gemms(gemm_shapes, failures, deadline),
+            ),
+        )
     emit(f"Failures: {len(failures)}" + "".join(f"\n- {f}" for f in failures[:50]))
     text = "\n\n".join(parts)
     if os.environ.get("OUT"):

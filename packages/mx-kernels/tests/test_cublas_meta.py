@@ -95,10 +95,19 @@ def test_prepared_operands_pass_the_real_op(m, k, n, fmt):
     assert out.shape == (m, n) and out.dtype == torch.bfloat16 and out.device.type == "meta"
 
 
+TORCH_2_13 = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+
+
 @pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.xfail(
+    not TORCH_2_13,
+    strict=False,
+    reason="torch 2.11's torch._scaled_mm meta function refuses fp4 operands at 133x512x528 "
+    "and 256x1024x512 (seen on 2.11.0+cu130); run_cublas never sends fp4 to it",
+)
 def test_fp4_scale_count_is_right(m, k, n):
-    """torch._scaled_mm's meta function counts fp4 scales from the unpacked K (the CUDA
-    op takes fp4 only under ROCm, which is why run_cublas calls F.scaled_mm)."""
+    """torch 2.13's torch._scaled_mm meta function counts fp4 scales from the unpacked K
+    (the CUDA op takes fp4 only under ROCm, which is why run_cublas calls F.scaled_mm)."""
     args = _on_meta(*_operands(m, k, n, "fp4_e2m1"))
     out = torch._scaled_mm(args.mat_a, args.mat_b, args.scale_a, args.scale_b,
                            out_dtype=torch.bfloat16)  # fmt: skip
