@@ -57,7 +57,8 @@ FP8_MMA_FP32_TOLERANCE = 2.0**-12
 """The ``fp8_mma`` design with an fp32 result: sm90's fp8 MMA keeps about 14 bits of
 its accumulation (DeepSeek-V3 technical report, section 3.3.2, on H800), so each
 32-wide block's partial carries a relative error near 2**-14 (measured on an H100:
-5.9e-05 to 7.8e-05, BENCHMARKS.md, 2026-12-07 'GPU check'); bf16 results hide it."""
+5.9e-05 to 7.8e-05, docs/benchmark-log.md, 2026-12-07 'GPU check on the H100'); bf16
+results hide it."""
 
 
 def _data(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
