@@ -10,6 +10,7 @@ Tensor-parallel styles for MX linears, drop-in for PyTorch's in ``parallelize_mo
 shards as MX casts (:func:`mx_all_gather`).
 """
 
+import mx_dtensor.fused_rules  # noqa: F401  (the fused producers' rules)
 from mx_dtensor.sharding import MX_OPS, MXShardingError, local_sizes, split_block_reason
 
 __version__ = "0.1.0"

@@ -78,7 +78,7 @@ from mx_dtensor.shard_checks import (
     where,
 )
 
-__all__ = ["MX_OPS", "MXShardingError", "local_sizes", "split_block_reason"]
+__all__ = ["MX_OPS", "MXShardingError", "local_sizes", "register_rule", "split_block_reason"]
 
 MX_OPS: tuple[str, ...] = (
     "quantize_rowwise",
@@ -89,9 +89,15 @@ MX_OPS: tuple[str, ...] = (
     "fake_quantize_both",
     "dequantize_rowwise",
     "scaled_mm",
+    "rms_norm_quantize",
+    "rms_norm_quantize_both",
+    "rms_norm_backward",
+    "swiglu_quantize",
+    "swiglu_quantize_both",
 )
-"""Names of the ``torch.ops.mx`` ops that have a rule here (every op of mx-kernels, each
-overload: the fake-quantize ops' ``inline`` ones too)."""
+"""Names of the ``torch.ops.mx`` ops that have a rule in mx-dtensor (every op of
+mx-kernels, each overload: the fake-quantize ops' ``inline`` ones too): here, and the
+fused producers' in :mod:`mx_dtensor.fused_rules`."""
 
 _GEMM_BLOCK = 32
 
@@ -251,7 +257,18 @@ def _mm_dtype_rule(op: str, specs: list[DTensorSpec], args: tuple) -> list[tuple
     return [tuple(out)]
 
 
-def _register(op, name: str, rule: Callable, static_argnum: int) -> None:
+def register_rule(op, name: str, rule: Callable, static_argnum: int) -> None:
+    """Register ``rule`` as the DTensor sharding strategy of ``op``: one strategy, the
+    inputs' own placements in, the rule's out, no redistribution.
+
+    Args:
+        op: the op overload (``torch.ops.mx.scaled_mm.default``).
+        name: the op's name in messages (``"mx::scaled_mm"``).
+        rule: ``rule(name, input_specs, args_schema) -> [placements per output]``,
+            raising :class:`MXShardingError` for placements it has no rule for.
+        static_argnum: the index of the op's first non-tensor argument.
+    """
+
     def strategy(op_schema: OpSchema) -> OpStrategy:
         inputs = [a for a in op_schema.args_schema if isinstance(a, OpStrategy)]
         for s in inputs:
@@ -282,9 +299,11 @@ def _register(op, name: str, rule: Callable, static_argnum: int) -> None:
 for _name, _rule in _CAST_RULES.items():
     _packet = getattr(torch.ops.mx, _name)
     for _overload in _packet.overloads():  # the fake-quantize ops' "inline" too
-        _register(getattr(_packet, _overload), f"mx::{_name}", _rule, static_argnum=1)
-_register(torch.ops.mx.dequantize_rowwise.default, "mx::dequantize_rowwise", _dequantize_rule, 2)
-_register(torch.ops.mx.scaled_mm.default, "mx::scaled_mm", _scaled_mm_rule, static_argnum=2)
+        register_rule(getattr(_packet, _overload), f"mx::{_name}", _rule, static_argnum=1)
+register_rule(
+    torch.ops.mx.dequantize_rowwise.default, "mx::dequantize_rowwise", _dequantize_rule, 2
+)
+register_rule(torch.ops.mx.scaled_mm.default, "mx::scaled_mm", _scaled_mm_rule, static_argnum=2)
 
 _propagator = DTensor._op_dispatcher.sharding_propagator
 if not any(
@@ -295,4 +314,4 @@ if not any(
         _propagator.op_to_rules,
     )
 ):  # torch 2.11-2.13 have no rule for it; a later torch's own rule wins
-    _register(torch.ops.aten.mm.dtype, "aten.mm.dtype", _mm_dtype_rule, static_argnum=2)
+    register_rule(torch.ops.aten.mm.dtype, "aten.mm.dtype", _mm_dtype_rule, static_argnum=2)
