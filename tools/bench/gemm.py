@@ -41,7 +41,7 @@ from common import bench_ms, environment, publish
 
 import mx_kernels
 from mx_core import quantize
-from mx_kernels import matmul_triton
+from mx_kernels import capability, matmul_triton
 from mx_kernels.matmul import scaled_mm_cublas, scaled_mm_reference
 
 SHAPES = [(8192, 8192, 8192), (16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096)]
@@ -169,13 +169,22 @@ def bench_shape(m: int, k: int, n: int, fmt: str, designs: list[str]) -> list[Ro
         lambda: mx_kernels.scaled_mm(*args, out_dtype=torch.bfloat16),
         ref,
     )
-    if torch.cuda.get_device_capability() >= (10, 0):
+    # PyTorch's cuBLAS MX GEMM where mx_kernels' rules say it runs (sm100/sm103; MXFP4
+    # also needs torch.nn.functional.scaled_mm and an MSLK build), not any sm >= 10.
+    fp4 = fmt == "fp4_e2m1"
+    gap = capability.cublas_mx_gap(
+        capability.device_capability(x.device), fp4=fp4, where=str(x.device)
+    )
+    if gap is None:
+        entry = "torch.nn.functional.scaled_mm" if fp4 else "torch._scaled_mm"
         _measure(
             rows,
-            Row(shape, "cuBLAS MX torch._scaled_mm"),
+            Row(shape, f"cuBLAS MX {entry}"),
             lambda: scaled_mm_cublas(*args, torch.bfloat16),
             ref,
         )
+    else:
+        print(f"{shape}: no cuBLAS MX row: {gap}", flush=True)
     return rows
 
 

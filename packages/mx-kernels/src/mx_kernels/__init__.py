@@ -25,7 +25,9 @@ from mx_kernels.backend import BACKENDS
 from mx_kernels.cast import quantize_both, quantize_colwise, quantize_rowwise
 from mx_kernels.dequant import dequantize_rowwise
 from mx_kernels.fake_quant import fake_quantize_both, fake_quantize_colwise, fake_quantize_rowwise
-from mx_kernels.matmul import bf16_gemm, bf16_gemm_design, scaled_mm
+from mx_kernels.matmul import bf16_gemm, bf16_gemm_design, scaled_mm, scaled_mm_backend
+from mx_kernels.norm_cast import rms_norm_backward, rms_norm_quantize, rms_norm_reference
+from mx_kernels.swiglu_cast import swiglu_backward, swiglu_quantize, swiglu_reference
 from mx_kernels.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
 
 __version__ = "0.1.0"
@@ -41,7 +43,14 @@ __all__ = [
     "quantize_both",
     "quantize_colwise",
     "quantize_rowwise",
+    "rms_norm_backward",
+    "rms_norm_quantize",
+    "rms_norm_reference",
     "scaled_mm",
+    "scaled_mm_backend",
+    "swiglu_backward",
+    "swiglu_quantize",
+    "swiglu_reference",
     "swizzle_scales",
     "swizzled_shape",
     "unswizzle_scales",

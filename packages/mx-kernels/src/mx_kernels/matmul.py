@@ -75,6 +75,7 @@ __all__ = [
     "cublas_unsupported_reason",
     "prepare_cublas_args",
     "scaled_mm",
+    "scaled_mm_backend",
     "scaled_mm_cublas",
     "scaled_mm_reference",
 ]
@@ -141,6 +142,43 @@ def scaled_mm(
     )  # fmt: skip
 
 
+def scaled_mm_backend(
+    device: torch.device,
+    a_fmt: str,
+    b_fmt: str,
+    *,
+    backend: str = "auto",
+    out_dtype: torch.dtype = torch.bfloat16,
+    n: int = 16,
+) -> str | None:
+    """The backend :func:`scaled_mm` would run for these operands (asked without logging;
+    nothing runs), so a caller can prepare what that backend reads: cuBLAS reads scales
+    in the blocked layout, which the casts can write directly.
+
+    Args:
+        device: where the GEMM runs.
+        a_fmt, b_fmt: the operands' formats, mx-core names.
+        backend: as :func:`scaled_mm`'s.
+        out_dtype: the result's dtype.
+        n: b's rows, N (cuBLAS needs N % 16 == 0).
+    Returns:
+        ``"emulated"``, ``"cublas"`` or ``"triton"``; None for an fp6 operand, which has no
+        MX GEMM.
+    Raises:
+        ValueError: as :func:`scaled_mm` for ``backend``.
+        RuntimeError: as :func:`scaled_mm`, where ``backend`` cannot run on ``device``.
+    """
+    formats = [get_format(f) for f in (a_fmt, b_fmt)]
+    if any(f.bits == 6 for f in formats):
+        return None
+    dtypes = [torch.uint8 if f.is_packed else f.storage_dtype for f in formats]
+    reason = cublas_unsupported_reason(*dtypes, n, out_dtype)
+    fp4 = formats[0].is_packed and formats[1].is_packed
+    return resolve_matmul_backend(
+        "scaled_mm", backend, device, cublas_unsupported=reason, fp4=fp4, log=False
+    )
+
+
 def bf16_gemm_design(
     device: torch.device,
     a_fmt: str,
@@ -157,23 +195,12 @@ def bf16_gemm_design(
     (:mod:`mx_kernels.fake_quant`) and run the same bf16 GEMM, with the same result.
     Asks without logging.
 
-    Args:
-        device: where the GEMM runs.
-        a_fmt, b_fmt: the operands' formats, mx-core names.
-        backend: as :func:`scaled_mm`'s.
-        out_dtype: the result's dtype.
+    Arguments as :func:`scaled_mm_backend` (N a multiple of 16).
+
     Returns:
         True where the ``dequant_bf16`` design would run.
     """
-    formats = [get_format(f) for f in (a_fmt, b_fmt)]
-    if any(f.bits == 6 for f in formats):
-        return False  # fp6 has no MX GEMM at all
-    dtypes = [torch.uint8 if f.is_packed else f.storage_dtype for f in formats]
-    reason = cublas_unsupported_reason(*dtypes, 16, out_dtype)
-    fp4 = formats[0].is_packed and formats[1].is_packed
-    chosen = resolve_matmul_backend(
-        "scaled_mm", backend, device, cublas_unsupported=reason, fp4=fp4, log=False
-    )
+    chosen = scaled_mm_backend(device, a_fmt, b_fmt, backend=backend, out_dtype=out_dtype)
     return chosen == "triton" and mm_design() == "dequant_bf16"
 
 
