@@ -40,7 +40,7 @@ CHECKED = (
     "mx_dtensor.sharding", "mx_dtensor.styles",
     "mx_dtensor.styles.common", "mx_dtensor.styles.linear",
     "mx_dtensor.styles.prepare_input", "mx_dtensor.styles.sequence", "mx_dtensor.testing",
-    "mx_nn", "mx_nn.config", "mx_nn.linear", "mx_nn.models", "mx_nn.models.llama",
+    "mx_nn", "mx_nn.config", "mx_nn.linear", "mx_nn.linear_gemms", "mx_nn.models", "mx_nn.models.llama",
     "mx_nn.casts", "mx_nn.casts.compute_path", "mx_nn.casts.fused", "mx_nn.casts.gathered",
     "mx_nn.casts.layer", "mx_nn.casts.scopes", "mx_nn.dtensor", "mx_nn.dtensor.local_shards",
     "mx_nn.dtensor.placements", "mx_nn.fsdp", "mx_nn.fsdp.check", "mx_nn.fsdp.enable",

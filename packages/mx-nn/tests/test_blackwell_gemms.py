@@ -36,7 +36,8 @@ def _gemms(recipe: str, m: int, k: int, n: int, dtype: torch.dtype, monkeypatch)
     calls = []
     real = mx_kernels.scaled_mm
 
-    def recording(a_q, a_scale, b_q, b_scale, *, out_dtype, backend):
+    def recording(a_q, a_scale, b_q, b_scale, *, out_dtype, backend, scale_layout="plain"):
+        assert scale_layout in ("plain", ("plain", "plain"))  # CPU tensors: plain casts
         calls.append((a_q, a_scale, b_q, b_scale, out_dtype))
         return real(a_q, a_scale, b_q, b_scale, out_dtype=out_dtype, backend=backend)
 
@@ -156,3 +157,151 @@ def test_fp32_layers_run_triton_on_blackwell(recipe, monkeypatch, sm100):
         )
         assert out == torch.float32 and chosen == "triton", (name, reason)
         assert "out_dtype=torch.float32" in reason or MIXED in reason, (name, reason)
+
+
+def _step(recipe: str, blocked: bool, monkeypatch):
+    """(scaled_mm calls as (a_q, a_scale, b_q, b_scale, layouts), y, dX, dW) of one
+    MXLinear step whose casts write blocked scales where ``blocked`` (as they do where the
+    forward GEMM runs on cuBLAS), run on CPU (the emulated GEMM unswizzles them)."""
+    import mx_nn.linear_gemms
+
+    calls = []
+    real = mx_kernels.scaled_mm
+
+    def recording(a_q, a_scale, b_q, b_scale, *, out_dtype, backend, scale_layout):
+        calls.append((a_q, a_scale, b_q, b_scale, scale_layout))
+        return real(a_q, a_scale, b_q, b_scale, out_dtype=out_dtype, backend=backend,
+                    scale_layout=scale_layout)  # fmt: skip
+
+    monkeypatch.setattr(mx_kernels, "scaled_mm", recording)
+    monkeypatch.setattr(mx_nn.linear_gemms, "blocked_scales", lambda *args: blocked)
+    config = MXLinearConfig.from_recipe(recipe, compute_path="mx")
+    g = torch.Generator().manual_seed(0)
+    layer = MXLinear(256, 160, bias=False, dtype=torch.bfloat16, config=config)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(160, 256, generator=g))
+    x = torch.randn(133, 256, generator=g, dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    y.backward(torch.randn(133, 160, generator=g, dtype=torch.bfloat16))
+    monkeypatch.undo()
+    return calls, y, x.grad, layer.weight.grad
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8_e5m2_grads", "mxfp8_hp_wgrad", "mxfp4"])
+def test_casts_write_blocked_scales_for_cublas(recipe, monkeypatch, sm100):
+    """Where the forward GEMM runs on cuBLAS, every cast of the step writes its scales in
+    cuBLAS's blocked layout: the same scales as the plain casts once unswizzled (rows
+    padded to whole blocks hold their own scales there, which no output row reads), the
+    same codes, the same result and gradients bit for bit; and each blocked GEMM's
+    operands pass PyTorch's op on meta tensors with no swizzle of their own."""
+    plain, y0, dx0, dw0 = _step(recipe, False, monkeypatch)
+    blocked, y1, dx1, dw1 = _step(recipe, True, monkeypatch)
+    assert torch.equal(y0, y1) and torch.equal(dx0, dx1) and torch.equal(dw0, dw1)
+    assert len(plain) == len(blocked) == len(GEMMS[recipe])
+    for (a_q, a_s, b_q, b_s, lay0), (a_q1, a_s1, b_q1, b_s1, lay1) in zip(
+        plain, blocked, strict=True
+    ):
+        assert lay0 == ("plain", "plain") and lay1 == ("blocked", "blocked")
+        assert torch.equal(a_q.view(torch.uint8), a_q1.view(torch.uint8))
+        assert torch.equal(b_q.view(torch.uint8), b_q1.view(torch.uint8))
+        for s, s1 in ((a_s, a_s1), (b_s, b_s1)):
+            assert s1.dim() == 1 and s1.is_contiguous()
+            assert torch.equal(unswizzle_scales(s1, tuple(s.shape)).view(torch.uint8),
+                               s.view(torch.uint8))  # fmt: skip
+        fp4 = a_q.dtype == b_q.dtype == torch.uint8
+        if fp4 or (a_q.dtype == b_q.dtype == torch.float8_e4m3fn):
+            meta = [t.to("meta") for t in (a_q1, a_s1, b_q1, b_s1)]
+            blocked_kw = {"a_scale_layout": "blocked", "b_scale_layout": "blocked"}
+            args = prepare_cublas_args(*meta, out_dtype=torch.bfloat16, **blocked_kw)
+            assert _call_meta(args).shape == (a_q.shape[0], b_q.shape[0])
+
+
+def test_kept_weight_casts_keep_their_blocked_scales(monkeypatch):
+    """Inside keep_weight_casts(), the weight's blocked cast is made once for two
+    micro-batches and handed to both forward GEMMs as it is (no swizzle per GEMM)."""
+    import mx_nn
+    import mx_nn.linear_gemms
+
+    monkeypatch.setattr(mx_nn.linear_gemms, "blocked_scales", lambda *args: True)
+    weight_casts, scales = [], []
+    real_cast, real_mm = mx_kernels.quantize_both, mx_kernels.scaled_mm
+
+    def cast(x, *args, **kwargs):
+        if isinstance(x, torch.nn.Parameter):
+            weight_casts.append(kwargs.get("scale_layout"))
+        return real_cast(x, *args, **kwargs)
+
+    def mm(a_q, a_s, b_q, b_s, **kwargs):
+        if b_q.shape == (160, 256):  # the forward GEMM: b is the weight
+            scales.append(b_s)
+        return real_mm(a_q, a_s, b_q, b_s, **kwargs)
+
+    monkeypatch.setattr(mx_kernels, "quantize_both", cast)
+    monkeypatch.setattr(mx_kernels, "scaled_mm", mm)
+    layer = MXLinear(256, 160, bias=False, dtype=torch.bfloat16,
+                     config=MXLinearConfig(compute_path="mx"))  # fmt: skip
+    with mx_nn.keep_weight_casts():
+        for seed in (0, 1):
+            g = torch.Generator().manual_seed(seed)
+            x = torch.randn(64, 256, generator=g, dtype=torch.bfloat16, requires_grad=True)
+            layer(x).sum().backward()
+    assert weight_casts == ["blocked"]
+    assert len(scales) == 2 and scales[0] is scales[1] and scales[0].dim() == 1
+
+
+@pytest.mark.parametrize(
+    "recipe,dtype,blocked",
+    [("mxfp8", torch.bfloat16, True), ("mxfp4", torch.bfloat16, True),
+     ("mxfp8_e5m2_grads", torch.bfloat16, True), ("mxfp8", torch.float32, False),
+     ("mxfp6", torch.bfloat16, False)],
+)  # fmt: skip
+def test_blocked_scales_where_the_forward_gemm_runs_on_cublas(recipe, dtype, blocked, sm100):
+    """The decision on a (mocked) sm100: blocked for the recipes whose forward GEMM auto
+    sends to cuBLAS; not for fp32 layers (Triton, the fused path) nor fp6 (no MX GEMM)."""
+    from mx_nn.casts import compute_path
+
+    compute_path.clear_decisions()
+    config = MXLinearConfig.from_recipe(recipe)
+    assert compute_path.blocked_scales(sm100, config, dtype) is blocked
+    compute_path.clear_decisions()
+
+
+def test_no_blocked_scales_on_sm90(monkeypatch, sm100):
+    from mx_nn.casts import compute_path
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    capability.cuda_capability.cache_clear()
+    compute_path.clear_decisions()
+    assert not compute_path.blocked_scales(sm100, MXLinearConfig(), torch.bfloat16)
+    compute_path.clear_decisions()
+
+
+def test_convert_refuses_a_gemm_backend_the_device_cannot_run():
+    """An explicit cuBLAS backend on a device without it fails at convert, before any
+    layer is swapped, naming the GEMM, the device and what is missing."""
+    import mx_nn
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    config = MXLinearConfig(gemm_backend="cublas")
+    with pytest.raises(
+        ValueError, match=r"gemm_backend='cublas' cannot run the Y GEMM .*cpu.*10\.x"
+    ):
+        mx_nn.convert(model, config)
+    assert type(model[0]) is torch.nn.Linear
+    meta = torch.nn.Sequential(torch.nn.Linear(64, 64, device="meta"))
+    assert type(mx_nn.convert(meta, config)[0]).__name__ == "MXLinear"  # moved before it runs
+
+
+def test_mxfp4_on_cublas_without_the_blockwise_api_is_refused_at_config_time(monkeypatch, sm100):
+    from mx_nn.casts.compute_path import check_gemm_backends
+
+    missing = "torch.nn.functional.scaled_mm with ScalingType.BlockWise1x32 is missing"
+    monkeypatch.setattr(capability, "blockwise_api_gap", lambda: missing)
+    config = MXLinearConfig.from_recipe("mxfp4", gemm_backend="cublas")
+    with pytest.raises(ValueError, match="BlockWise1x32 is missing"):
+        check_gemm_backends(config, sm100, "mx_nn.convert")
+    # auto has another backend there (Triton's dot_scaled, logged) and is not refused
+    check_gemm_backends(MXLinearConfig.from_recipe("mxfp4"), sm100, "mx_nn.convert")
+    mixed = MXLinearConfig.from_recipe("mxfp8_e5m2_grads", gemm_backend="cublas")
+    with pytest.raises(ValueError, match=r"the dX GEMM \(fp8_e5m2 x fp8_e4m3\)"):
+        check_gemm_backends(mixed, sm100, "mx_nn.convert")

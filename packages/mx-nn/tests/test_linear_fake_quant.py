@@ -118,7 +118,7 @@ def test_planned_casts_equal_the_general_path(dtype, monkeypatch):
     assert [op for op, _ in casts] == ["fake_quantize_both"] * 6  # X, W, dY per call
     assert any(c.config is fused.config for c in mx_nn.casts.fused._CASTS.values())  # planned
     with monkeypatch.context() as m:
-        m.setattr("mx_nn.linear.fused_casts", lambda *args: None)
+        m.setattr("mx_nn.linear_gemms.fused_casts", lambda *args: None)
         general = _run(fused, x, grad)
     for got in planned:
         for g, w in zip(got, general, strict=True):

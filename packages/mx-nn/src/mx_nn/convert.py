@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
+from mx_nn.casts.compute_path import check_gemm_backends
 from mx_nn.config import MXLinearConfig, MXRecipe
 from mx_nn.linear import MXLinear, share_input_casts
 
@@ -173,7 +174,8 @@ def convert(
             (named, with both configs); a linear to convert whose parameters are
             DTensors (convert before tensor parallelism or FSDP2, as
             ``mx_nn.parallelize`` does) or that has forward or backward hooks, which
-            the new module would not run.
+            the new module would not run; a ``gemm_backend`` that cannot run on the
+            layers' device (``mx_nn.casts.compute_path.check_gemm_backends``).
 
     Example:
         >>> model = convert(nn.Sequential(nn.Linear(64, 64)), "mxfp8")
@@ -238,6 +240,8 @@ def convert(
         swaps.append((parent, name, made[id(module)]))
     if conflicts:
         raise ValueError(_conflict_message(conflicts, config))
+    for device in {originals[key].weight.device for key in originals}:
+        check_gemm_backends(config, device, "mx_nn.convert")
     made_from = [type(m) for m in originals.values()]
     _log(alone, len(linears), mx, made_from, _short_name(recipe_or_config, config))
     for parent, name, new in swaps:

@@ -7,7 +7,9 @@ The fused path (fake-quantized casts + bf16 GEMMs) runs where ``scaled_mm`` woul
 multiply bf16 dequantized operands anyway (its ``dequant_bf16`` design, sm90's choice;
 ``mx_kernels.bf16_gemm_design``), no fp16 is involved and no MX cast is kept;
 ``MXLinearConfig.compute_path`` forces either path. Which one runs is logged once per
-path and device.
+path and device. On the MX path, where the forward GEMM runs on cuBLAS (sm100), the
+casts write their scales in cuBLAS's blocked layout (:func:`blocked_scales`), so no GEMM
+swizzles them again.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import torch
 
 from mx_core import ComputePath
 from mx_core.choices import Choice
-from mx_kernels.matmul import bf16_gemm_design
+from mx_kernels.matmul import bf16_gemm_design, scaled_mm_backend
 from mx_nn.config import MXLinearConfig
 
-__all__ = ["cast_kwargs", "clear_decisions", "fake_quant_path"]
+__all__ = [
+    "blocked_scales", "cast_kwargs", "check_gemm_backends", "clear_decisions", "fake_quant_path",
+]  # fmt: skip
 
 logger = logging.getLogger("mx_nn")
 GEMM_BLOCK = 32  # the only block size of the MX GEMMs
@@ -79,8 +83,31 @@ def fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype)
     Returns:
         True for the fused path, False for the MX path.
     """
+    return _decision(device, c, dtype)[0]
+
+
+def blocked_scales(device: torch.device, c: MXLinearConfig, dtype: torch.dtype) -> bool:
+    """Whether MXLinear's MX path asks its casts for scales in cuBLAS's blocked layout:
+    where its forward GEMM would run on cuBLAS (``mx_kernels.scaled_mm_backend``; sm100
+    and sm103), blocks of 32, the MX path. A GEMM of the layer on another backend
+    unswizzles them (correct; a copy). Decided with :func:`fake_quant_path`, once per
+    config object, device and dtype; a constant to torch.compile.
+
+    Args:
+        device: the input's device.
+        c: the layer's config.
+        dtype: the dtype the GEMMs' inputs have (the forward GEMM's result dtype).
+
+    Returns:
+        True where the casts write blocked scales.
+    """
+    return _decision(device, c, dtype)[1]
+
+
+def _decision(device: torch.device, c: MXLinearConfig, dtype: torch.dtype) -> tuple[bool, bool]:
+    """(fused path, blocked scales) of ``c`` on ``device`` for ``dtype``."""
     if torch.compiler.is_compiling():
-        return _fake_quant_path_of(device.type, device.index, _fields(c), dtype)
+        return _decision_of(device.type, device.index, _fields(c), dtype)
     # Eager: asked on every call, and resolving three GEMM backends costs tens of us of
     # host time; the answer depends on the config (keyed by the object: it is frozen, and
     # the entry keeps it, so its id is not reused), the device and the dtype, and on the
@@ -93,9 +120,43 @@ def fake_quant_path(device: torch.device, c: MXLinearConfig, dtype: torch.dtype)
         if len(_PATHS) >= 4096:
             _PATHS.clear()
         hit = _PATHS[key] = (c, *_decide(device.type, device.index, _fields(c), dtype))
-    if hit[2] not in _LOGGED:
-        _log_path(hit[2])
-    return hit[1]
+    if hit[3] not in _LOGGED:
+        _log_path(hit[3])
+    return hit[1], hit[2]
+
+
+def check_gemm_backends(c: MXLinearConfig, device: torch.device, where: str) -> None:
+    """Refuse, before any layer runs, a config whose GEMMs cannot run on ``device``:
+    ``gemm_backend="cublas"`` where PyTorch's cuBLAS MX GEMM cannot (the capability, the
+    MXFP4 API ``torch.nn.functional.scaled_mm`` or the build feature missing) or for a
+    combination it does not take; ``"triton"`` without Triton on the device. Meta
+    tensors are not checked (a model built on meta is moved before it runs); ``"auto"``
+    always has a backend (the emulated one off CUDA, where it logs that choice).
+
+    Args:
+        c: the config.
+        device: where the layers' weights are.
+        where: the caller, for the message (``"mx_nn.convert"``).
+
+    Raises:
+        ValueError: a GEMM of ``c`` has no backend on ``device``; the message names the
+            GEMM, the formats and what is missing, and how to choose another backend.
+    """
+    if device.type == "meta" or c.block_size != GEMM_BLOCK:
+        return  # blocks other than 32 and fp6 multiply in fp32, on no MX backend
+    backend = c.gemm_backend.value if isinstance(c.gemm_backend, Choice) else c.gemm_backend
+    gemms = {"Y": (c.input_fmt, c.weight_fmt), "dX": (c.grad_output_fmt, c.weight_fmt)}
+    if not c.hp_weight_grad:
+        gemms["dW"] = (c.grad_output_fmt, c.input_fmt)
+    for name, (a, b) in gemms.items():
+        try:
+            scaled_mm_backend(device, a, b, backend=backend)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(
+                f"{where}: gemm_backend={backend!r} cannot run the {name} GEMM "
+                f"({a} x {b}) on {device}: {e}. Choose gemm_backend='auto' (cuBLAS where "
+                "it runs, else Triton) or 'emulated' (fp32 reference, slow)"
+            ) from None
 
 
 def clear_decisions() -> None:
@@ -105,7 +166,7 @@ def clear_decisions() -> None:
 
 _CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
                   "hp_weight_grad", "save_mx_activations", "compute_path")  # fmt: skip
-_PATHS: dict[tuple, tuple[MXLinearConfig, bool, tuple[str, str, str]]] = {}
+_PATHS: dict[tuple, tuple[MXLinearConfig, bool, bool, tuple[str, str, str]]] = {}
 
 
 def _fields(c: MXLinearConfig) -> tuple:
@@ -115,18 +176,19 @@ def _fields(c: MXLinearConfig) -> tuple:
 
 
 @torch.compiler.assume_constant_result
-def _fake_quant_path_of(
+def _decision_of(
     device_type: str, device_index: int | None, fields: tuple, dtype: torch.dtype
-) -> bool:
-    fused, log_key = _decide(device_type, device_index, fields, dtype)
+) -> tuple[bool, bool]:
+    fused, blocked, log_key = _decide(device_type, device_index, fields, dtype)
     _log_path(log_key)
-    return fused
+    return fused, blocked
 
 
 def _decide(
     device_type: str, device_index: int | None, fields: tuple, dtype: torch.dtype
-) -> tuple[bool, tuple[str, str, str]]:
-    """(whether to run the fused path, what to log of it)."""
+) -> tuple[bool, bool, tuple[str, str, str]]:
+    """(whether to run the fused path, whether the MX path's casts write blocked
+    scales, what to log of it)."""
     c = SimpleNamespace(**dict(zip(_CONFIG_FIELDS, fields, strict=True)))
     device = torch.device(device_type, device_index)
     if c.compute_path != ComputePath.AUTO:
@@ -138,10 +200,25 @@ def _decide(
         pairs = [(c.input_fmt, c.weight_fmt), (c.grad_output_fmt, c.weight_fmt)]
         if not c.hp_weight_grad:
             pairs.append((c.grad_output_fmt, c.input_fmt))
-        fused = all(bf16_gemm_design(device, a, b, backend=c.gemm_backend) for a, b in pairs)
+        # dX and the forward GEMM return the input's dtype, dW the weight's (the same
+        # outside autocast; under it, both the autocast dtype)
+        fused = all(
+            bf16_gemm_design(device, a, b, backend=c.gemm_backend, out_dtype=dtype)
+            for a, b in pairs
+        )
         why = ""
+    blocked = (
+        not fused
+        and c.block_size == GEMM_BLOCK
+        and scaled_mm_backend(
+            device, c.input_fmt, c.weight_fmt, backend=c.gemm_backend, out_dtype=dtype
+        )
+        == "cublas"
+    )
     path = "fake-quantized casts + bf16 GEMMs" if fused else "MX casts + scaled_mm"
-    return fused, (path, str(device), why)
+    if blocked:
+        path += " (scales written in cuBLAS's blocked layout)"
+    return fused, blocked, (path, str(device), why)
 
 
 def _log_path(key: tuple[str, str, str]) -> None:

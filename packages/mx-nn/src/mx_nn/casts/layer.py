@@ -23,7 +23,19 @@ __all__ = [
 ]  # fmt: skip
 
 
-def config_cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool = False):
+def _layout(scale_layout: str) -> dict:
+    # passed only where blocked: the plain casts keep their keys (shared and kept casts)
+    return {} if scale_layout == "plain" else {"scale_layout": scale_layout}
+
+
+def config_cast(
+    fn,
+    x: torch.Tensor,
+    fmt: str,
+    c: MXLinearConfig,
+    inline: bool = False,
+    scale_layout: str = "plain",
+):
     """``fn`` (an mx_kernels cast or fake-quantize) with the config's block, mode, backend.
 
     Args:
@@ -33,16 +45,25 @@ def config_cast(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool =
         c: the layer's config.
         inline: a fake-quantize's inline overload, which torch.compile launches from its
             generated code, for a tensor no other layer casts (``mx_kernels.inline_casts``).
+        scale_layout: a quantize's scale layout, ``"plain"`` or ``"blocked"`` (cuBLAS's,
+            flat; :func:`mx_nn.casts.compute_path.blocked_scales`).
 
     Returns:
         What ``fn`` returns.
     """
     if inline:
         return fn(x, fmt, inline=True, **cast_kwargs(c))
-    return fn(x, fmt, **cast_kwargs(c))
+    return fn(x, fmt, **cast_kwargs(c), **_layout(scale_layout))
 
 
-def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig, inline: bool = False):
+def cast_weight(
+    fn,
+    weight: torch.Tensor,
+    fmt: str,
+    c: MXLinearConfig,
+    inline: bool = False,
+    scale_layout: str = "plain",
+):
     """:func:`config_cast` of the weight, kept while it is unchanged inside
     ``mx_nn.keep_weight_casts()`` (:func:`mx_nn.casts.scopes.cast_weight_kept`).
 
@@ -53,10 +74,10 @@ def cast_weight(fn, weight: torch.Tensor, fmt: str, c: MXLinearConfig, inline: b
     """
     if inline:
         return cast_weight_kept(fn, weight, fmt, inline=True, **cast_kwargs(c))
-    return cast_weight_kept(fn, weight, fmt, **cast_kwargs(c))
+    return cast_weight_kept(fn, weight, fmt, **cast_kwargs(c), **_layout(scale_layout))
 
 
-def cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
+def cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig, scale_layout: str = "plain"):
     """:func:`config_cast` of the layer's input, shared with the other layers that read the
     same tensor (q/k/v, gate/up; :mod:`mx_nn.casts.scopes`).
 
@@ -65,7 +86,7 @@ def cast_input(fn, x: torch.Tensor, fmt: str, c: MXLinearConfig):
     Returns:
         What ``fn`` returns (the shared result where another layer made it).
     """
-    return cast_shared(fn.__name__, fn, x, fmt, **cast_kwargs(c))
+    return cast_shared(fn.__name__, fn, x, fmt, **cast_kwargs(c), **_layout(scale_layout))
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -112,7 +133,7 @@ def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
 
 
 def mx_input(
-    x2: torch.Tensor, c: MXLinearConfig, colwise: bool
+    x2: torch.Tensor, c: MXLinearConfig, colwise: bool, scale_layout: str = "plain"
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
     """X [M, K] cast along K (codes, scales), and what backward keeps for dW: where
     ``colwise`` (the MX dW GEMM will run), X's columnwise cast (codes, scales; about
@@ -126,22 +147,26 @@ def mx_input(
         x2: X [M, K].
         c: the layer's config.
         colwise: whether backward computes the MX dW (needs X cast along M).
+        scale_layout: of the casts made here, ``"plain"`` or ``"blocked"`` (cuBLAS's,
+            flat); a rowwise cast an MX gather handed over keeps its plain scales.
 
     Returns:
         ``((codes [M, K], scales [M, K // bs]), saved)``: ``saved`` is X's columnwise
         cast ``(codes, scales)`` (M padded to whole blocks) where ``colwise``, else
-        ``(x2,)``.
+        ``(x2,)``. Blocked scales are flat; the rowwise ones then cover M padded to
+        whole blocks, which pads to the same multiple of 128 rows as M.
     """
     rowwise, fmt = mx_kernels.quantize_rowwise, c.input_fmt
     if not colwise:
-        return cast_input(rowwise, x2, fmt, c), (x2,)
+        return cast_input(rowwise, x2, fmt, c, scale_layout), (x2,)
     handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
     x_pad = pad_rows(x2, c.block_size)  # colwise blocks run along M
     if handed is not None:
-        return handed, tuple(cast_input(mx_kernels.quantize_colwise, x_pad, fmt, c))
-    x_q, x_s, xt_q, xt_s = cast_input(mx_kernels.quantize_both, x_pad, fmt, c)
+        cols = cast_input(mx_kernels.quantize_colwise, x_pad, fmt, c, scale_layout)
+        return handed, tuple(cols)
+    x_q, x_s, xt_q, xt_s = cast_input(mx_kernels.quantize_both, x_pad, fmt, c, scale_layout)
     m = x2.shape[0]
-    return (x_q[:m], x_s[:m]), (xt_q, xt_s)
+    return (x_q[:m], x_s if x_s.dim() == 1 else x_s[:m]), (xt_q, xt_s)
 
 
 def fake_quantized_input(

@@ -123,7 +123,7 @@ def on_local_shards(
     function) as one op from DTensors to a DTensor placed as ``layout`` says.
 
     Args:
-        fn: ``_MXLinearFunction`` or ``_FakeQuantLinearFunction`` of :mod:`mx_nn.linear`.
+        fn: ``MXLinearFunction`` or ``FakeQuantLinearFunction`` of :mod:`mx_nn.linear_gemms`.
         x: the input DTensor [..., K].
         weight: the weight DTensor [N, K].
         config: the layer's config.
