@@ -35,8 +35,8 @@ from mx_dtensor.shard_checks import (
     MXShardingError,
     check_partial,
     check_whole_blocks,
-    moved,
     normalized,
+    placed_as,
     sharded_dim,
     where,
 )
@@ -53,7 +53,7 @@ FUSED_OPS: tuple[str, ...] = (
 )
 """The fused producers' ``torch.ops.mx`` op names that have a rule here."""
 
-_SAME, _T = "same", "transposed"
+_SAME, _T = (), (1, 0)  # outputs laid out as x, and as x^T (2-D x)
 
 
 def _dims(spec: DTensorSpec) -> list[int | None]:
@@ -99,17 +99,9 @@ def _both_checks(op: str, name: str, spec: DTensorSpec, block_size: int) -> None
         check_whole_blocks(op, name, spec, 0, block_size)
 
 
-def _outputs(spec: DTensorSpec, kinds: Sequence[str]) -> list[tuple[Placement, ...]]:
+def _outputs(spec: DTensorSpec, kinds: Sequence[Sequence[int]]) -> list[tuple[Placement, ...]]:
     """Placements of outputs laid out as x (``_SAME``) or as x^T (``_T``, 2-D x)."""
-    ndim = len(spec.shape)
-    outs = []
-    for kind in kinds:
-        row = []
-        for p in spec.placements:
-            d = sharded_dim(normalized(p, ndim))
-            row.append(Replicate() if d is None else moved(p, 1 - d if kind == _T else d))
-        outs.append(tuple(row))
-    return outs
+    return [placed_as(spec, kind) for kind in kinds]
 
 
 _CAST_KINDS = {False: (_SAME, _SAME), True: (_SAME, _T, _T, _SAME)}  # as quantize_rowwise/_both

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
@@ -19,6 +19,7 @@ __all__ = [
     "local_sizes",
     "moved",
     "normalized",
+    "placed_as",
     "sharded_dim",
     "split_block_reason",
     "where",
@@ -106,6 +107,25 @@ def moved(p: Placement, dim: int) -> Placement:
     if isinstance(p, _StridedShard):
         return _StridedShard(dim, split_factor=p.split_factor)
     return Shard(dim)
+
+
+def placed_as(spec: DTensorSpec, dims: Sequence[int] = ()) -> tuple[Placement, ...]:
+    """The placements of an output that takes x's dim d as its dim ``dims[d]`` (as dim d
+    where ``dims`` is empty), from x's: a shard moves with its dim, the rest replicate.
+
+    Args:
+        spec: x's spec.
+        dims: x's dim -> the output's dim; ``(1, 0)`` for an output laid out as x^T.
+    Returns:
+        One placement per mesh dim.
+    """
+    ndim = len(spec.shape)
+    out = []
+    for p in spec.placements:
+        p = normalized(p, ndim)
+        d = sharded_dim(p)
+        out.append(Replicate() if d is None else moved(p, dims[d] if dims else d))
+    return tuple(out)
 
 
 def where(op: str, arg: str, spec: DTensorSpec, mesh_dim: int) -> str:

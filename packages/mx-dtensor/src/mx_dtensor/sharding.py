@@ -73,6 +73,7 @@ from mx_dtensor.shard_checks import (
     local_sizes,
     moved,
     normalized,
+    placed_as,
     sharded_dim,
     split_block_reason,
     where,
@@ -122,13 +123,7 @@ def _cast_rule(blocked: Sequence[int], out_dims: Sequence[Sequence[int]]):
             )
         for d in blocked:
             check_whole_blocks(op, "x", x, d % ndim, block_size)
-        outs: list[list[Placement]] = [[] for _ in out_dims]
-        for p in x.placements:
-            p = normalized(p, ndim)
-            d = sharded_dim(p)
-            for j, dims in enumerate(out_dims):
-                outs[j].append(Replicate() if d is None else moved(p, dims[d] if dims else d))
-        return [tuple(o) for o in outs]
+        return [placed_as(x, dims) for dims in out_dims]
 
     return rule
 

@@ -240,7 +240,7 @@ def convert(
         swaps.append((parent, name, made[id(module)]))
     if conflicts:
         raise ValueError(_conflict_message(conflicts, config))
-    for device in {originals[key].weight.device for key in originals}:
+    for device in {linear.weight.device for linear in originals.values()}:
         check_gemm_backends(config, device, "mx_nn.convert")
     made_from = [type(m) for m in originals.values()]
     _log(alone, len(linears), mx, made_from, _short_name(recipe_or_config, config))

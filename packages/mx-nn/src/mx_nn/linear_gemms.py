@@ -65,7 +65,8 @@ class MXLinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         # Blocked scales where the forward GEMM runs on cuBLAS; never for DTensors (each
         # rank's rows would pad to 128 on their own; mx-dtensor takes them replicated only)
-        blocked = not isinstance(x, DTensor) and blocked_scales(x.device, c, x.dtype)
+        plain = not isinstance(x, DTensor) and not isinstance(weight, DTensor)
+        blocked = plain and blocked_scales(x.device, c, x.dtype)
         ctx.scale_layout = layout = "blocked" if blocked else "plain"
         (x_q, x_s), saved_x = mx_input(x2, c, c.needs_colwise_input and weight_grad, layout)
         ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX

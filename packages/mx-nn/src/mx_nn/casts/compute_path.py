@@ -145,10 +145,7 @@ def check_gemm_backends(c: MXLinearConfig, device: torch.device, where: str) -> 
     if device.type == "meta" or c.block_size != GEMM_BLOCK:
         return  # blocks other than 32 and fp6 multiply in fp32, on no MX backend
     backend = c.gemm_backend.value if isinstance(c.gemm_backend, Choice) else c.gemm_backend
-    gemms = {"Y": (c.input_fmt, c.weight_fmt), "dX": (c.grad_output_fmt, c.weight_fmt)}
-    if not c.hp_weight_grad:
-        gemms["dW"] = (c.grad_output_fmt, c.input_fmt)
-    for name, (a, b) in gemms.items():
+    for name, (a, b) in _gemm_formats(c).items():
         try:
             scaled_mm_backend(device, a, b, backend=backend)
         except (RuntimeError, ValueError) as e:
@@ -157,6 +154,14 @@ def check_gemm_backends(c: MXLinearConfig, device: torch.device, where: str) -> 
                 f"({a} x {b}) on {device}: {e}. Choose gemm_backend='auto' (cuBLAS where "
                 "it runs, else Triton) or 'emulated' (fp32 reference, slow)"
             ) from None
+
+
+def _gemm_formats(c) -> dict[str, tuple[str, str]]:
+    """The (a, b) formats of each MX GEMM of a layer of config ``c`` (or of its fields)."""
+    gemms = {"Y": (c.input_fmt, c.weight_fmt), "dX": (c.grad_output_fmt, c.weight_fmt)}
+    if not c.hp_weight_grad:
+        gemms["dW"] = (c.grad_output_fmt, c.input_fmt)
+    return gemms
 
 
 def clear_decisions() -> None:
@@ -197,9 +202,7 @@ def _decide(
     elif c.save_mx_activations or c.block_size != GEMM_BLOCK or dtype == torch.float16:
         fused, why = False, ""
     else:
-        pairs = [(c.input_fmt, c.weight_fmt), (c.grad_output_fmt, c.weight_fmt)]
-        if not c.hp_weight_grad:
-            pairs.append((c.grad_output_fmt, c.input_fmt))
+        pairs = _gemm_formats(c).values()
         # dX and the forward GEMM return the input's dtype, dW the weight's (the same
         # outside autocast; under it, both the autocast dtype)
         fused = all(
