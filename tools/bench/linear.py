@@ -33,9 +33,9 @@ SHAPES = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096)]
 
 def same_as_mx_path(mx, x, grad) -> bool:
     """Where MXLinear fuses casts and dequantize (sm90), check it against its MX path
-    (casts + scaled_mm, forced by save_mx_activations): same forward bits, gradients
+    (casts + scaled_mm, forced by compute_path="mx"): same forward bits, gradients
     within bf16 rounding (cuBLAS may order the sums differently per layout)."""
-    config = dataclasses.replace(mx.config, save_mx_activations=True)
+    config = dataclasses.replace(mx.config, compute_path="mx")
     twin = mx_nn.MXLinear.from_linear(mx, config)
     results = []
     for module in (mx, twin):

@@ -74,14 +74,16 @@ def test_shared_input_is_cast_once_per_orientation_with_the_same_results(path, c
     unscoped = QKV(path)  # the same layers without a scope: each casts for itself
     unscoped.load_state_dict(model.state_dict())
     want = _step(unscoped, x)
-    both = "fake_quantize_both" if path == "fake_quant" else "quantize_both"
-    assert _count(casts, [both], (96, 128))[both] == 3
+    # Either path casts x both ways in forward: the MX path in one read; the fused path
+    # to values along K and, kept for backward, to MX codes along M (save_mx_activations)
+    x_casts = ["fake_quantize_rowwise", "quantize_colwise"] if path == "fake_quant" else [
+        "quantize_both"]  # fmt: skip
+    names = [*x_casts, "fake_quantize_both", "fake_quantize_colwise", "quantize_rowwise"]
+    assert _count(casts, names, (96, 128)) == {n: 3 * (n in x_casts) for n in names}
     casts.clear()
     got = _step(model, x)
-    # Either path casts x both ways in forward (one read), once for the three layers.
-    prefix = "fake_" if path == "fake_quant" else ""
-    once = {f"{prefix}quantize_{way}": int(way == "both") for way in ("both", "rowwise", "colwise")}
-    assert _count(casts, once, (96, 128)) == once
+    # once for the three layers
+    assert _count(casts, names, (96, 128)) == {n: int(n in x_casts) for n in names}
     _assert_equal(got, want)
     assert cast_cache._STATE.scopes == []  # closed with the call
 
@@ -179,12 +181,13 @@ def test_kept_weight_casts_inside_keep_weight_casts_only(path, casts):
     torch.manual_seed(0)
     config = mx_nn.MXLinearConfig(compute_path=path)
     layer = mx_nn.MXLinear(128, 64, bias=False, config=config, dtype=torch.bfloat16)
-    name = "fake_quantize_both" if path == "fake_quant" else "quantize_both"
     opt = torch.optim.SGD(layer.parameters(), lr=0.1)
 
     def weight_casts():  # the weight's casts only
-        return _count(casts, [name], (64, 128))[name]
+        return sum(1 for _, shape in casts if shape == (64, 128))
 
+    # outside keep_weight_casts each call casts W once: both ways (MX path) or along K
+    # (fused path, whose cast along N, made in backward, is for dX: x needs no grad here)
     xs = [torch.randn(32, 128, dtype=torch.bfloat16) for _ in range(3)]
     with mx_nn.keep_weight_casts():
         for x in xs:  # three micro-batches: the weight's casts are made once
@@ -234,13 +237,22 @@ def test_compiled_layers_sharing_an_input_hold_one_cast_per_orientation():
     loss(x).backward()
     assert len(graphs) == 2  # forward, backward
     ops = graphs[0] + graphs[1]
-    # x's cast (both ways, in forward) once for the three layers; three weights and
-    # three dY through the inline overload (on CPU an op: the CUDA kernel it becomes on
-    # a GPU is not merged); the partitioner may recompute weight casts rather than save
-    # them.
-    assert not [op for op in ops if "fake_quantize_rowwise" in op or "colwise" in op]
-    assert ops.count("mx.fake_quantize_both.default") == 1
-    assert ops.count("mx.fake_quantize_both.inline") in (6, 9)
+    # x's casts (along K to values, along M to codes, in forward) once for the three
+    # layers, and the decode of its codes in backward once too; three weights (along K
+    # in forward, along N in backward: save_mx_activations) and three dY through the
+    # inline overload (on CPU an op: the CUDA kernel it becomes on a GPU is not merged);
+    # the partitioner may recompute weight casts rather than save them.
+    assert ops.count("mx.fake_quantize_rowwise.default") == 1
+    assert ops.count("mx.quantize_colwise.default") == 1
+    assert ops.count("mx.dequantize_rowwise.default") == 1
+    assert ops.count("mx.fake_quantize_rowwise.inline") in (3, 6)
+    assert ops.count("mx.fake_quantize_colwise.inline") == 3
+    assert ops.count("mx.fake_quantize_both.inline") == 3
+    assert not {
+        "mx.quantize_both.default",
+        "mx.quantize_rowwise.default",
+        "mx.fake_quantize_both.default",
+    } & set(ops)
     assert cast_cache._STATE.scopes == []
 
 

@@ -17,7 +17,7 @@ FUSED = MXLinearConfig(gemm_backend="triton", cast_backend="triton")
 
 @pytest.mark.parametrize(
     "case",
-    ["fp16 input", "save_mx_activations", "design fp8_mma", "fp6 weights"],
+    ["fp16 input", "design fp8_mma", "fp6 weights"],
 )
 def test_mx_path_where_fusion_does_not_apply(case, monkeypatch):
     monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
@@ -25,14 +25,21 @@ def test_mx_path_where_fusion_does_not_apply(case, monkeypatch):
     config, dtype = FUSED, torch.float32
     if case == "fp16 input":
         dtype = torch.float16
-    elif case == "save_mx_activations":
-        config = dataclasses.replace(FUSED, save_mx_activations=True)
     elif case == "design fp8_mma":
         monkeypatch.setenv("MX_KERNELS_MM_DESIGN", "fp8_mma")
     else:
         config = dataclasses.replace(FUSED, weight_fmt="fp6_e2m3")
     assert not fake_quant_path(torch.device("cpu"), config, dtype)
     assert fake_quant_path(torch.device("cpu"), FUSED, torch.float32) == (case != "design fp8_mma")
+
+
+@pytest.mark.parametrize("save_mx", [True, False])
+def test_saving_mx_casts_keeps_the_fused_path(save_mx, monkeypatch):
+    # the fused path keeps MX casts too (test_saved_activations.py): no reason to leave it
+    monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
+    clear_decisions()
+    config = dataclasses.replace(FUSED, save_mx_activations=save_mx)
+    assert fake_quant_path(torch.device("cpu"), config, torch.float32)
 
 
 def test_design_variable_is_read_when_a_config_is_first_seen(monkeypatch):

@@ -51,11 +51,12 @@ def _check_equivalence(results: dict) -> None:
         assert r["keys"] and r["plain_sd"], name
         assert r["split_ok"], name
         # Kept from forward to backward: without the option each layer's colwise cast of
-        # its whole (unsharded) weight, as codes and scales (MX path) or values in the
-        # compute dtype (fused path); with it nothing (FSDP freed the gathered casts).
+        # its whole (unsharded) weight as codes and scales on the MX path; the fused path
+        # keeps the weight itself (save_mx_activations: cast along N in backward), which
+        # FSDP frees by resizing; with it nothing (FSDP freed the gathered casts).
         (kept_on, gathered_on), (kept_off, _) = r["kept"]
         numel = r["local numel"]
-        per_elem = {"mx": r["mx per elem"], "fake_quant": r["compute itemsize"]}[r["path"]]
+        per_elem = {"mx": r["mx per elem"], "fake_quant": 0}[r["path"]]
         assert kept_off - kept_on == numel * r["dp"] * per_elem, (name, r["kept"])
         assert gathered_on == 0, (name, r["kept"])
         for pass_ in ("forward", "backward"):

@@ -78,14 +78,18 @@ def _worker(rank: int, world: int) -> dict:
 
 def test_linears_take_the_gathered_cast():
     for r in spawn(_worker, 2):
-        # Either path casts x both ways in forward, unless a gather handed it the
+        # Either path casts x both ways in forward (the fused path along K to values
+        # and along M to MX codes, kept for backward), unless a gather handed it the
         # rowwise cast (then x is cast along M alone, still in forward).
-        for path, prefix in (("mx", ""), ("fake_quant", "fake_")):
+        md = (BATCH * SEQ, DIM)
+        fused = ["fake_quantize_rowwise", "quantize_colwise"]
+        x_casts = {"mx": ["quantize_both"], "fake_quant": fused}
+        for path, names in x_casts.items():
             bf16, mx, other = (r[path, n] for n in ("bf16", "mx", "mx, another cast"))
-            one_cast = [(f"{prefix}quantize_both", (BATCH * SEQ, DIM))]
+            one_cast = [(name, md) for name in names]
             assert bf16["linear casts"] == one_cast, path  # shared by q, k and v
             # The rowwise cast handed over by the gather; the columnwise one shared.
-            assert mx["linear casts"] == [(f"{prefix}quantize_colwise", (BATCH * SEQ, DIM))]
+            assert mx["linear casts"] == [("quantize_colwise", md)]
             assert other["linear casts"] == one_cast, path  # the primed key did not match
             for a, b in zip(mx["ys"], bf16["ys"], strict=True):
                 assert torch.equal(a, b), path
@@ -121,6 +125,6 @@ def test_parallelize_hands_the_gathered_cast_to_the_linears():
     attention and MLP is cast once, along M only: the gather's rowwise cast reaches
     q/k/v and gate/up through the module's cast scope."""
     for r in spawn(_parallelized_worker, 2):
-        for path, prefix in (("mx", ""), ("fake_quant", "fake_")):
-            assert r[path] == [f"{prefix}quantize_colwise"], path
+        for path in ("mx", "fake_quant"):  # the fused path keeps MX codes along M too
+            assert r[path] == ["quantize_colwise"], path
             assert r[path, "count"] == 4, path  # 2 blocks x (attention, MLP)

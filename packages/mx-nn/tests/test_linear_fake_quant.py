@@ -66,12 +66,18 @@ def test_compiled_fused_path_matches_eager(monkeypatch):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)  # bias grad: reduction order
 
 
-@pytest.mark.parametrize("mx_path", [False, True], ids=["fused", "mx"])
-def test_compile_across_shapes_turning_dynamic(mx_path, monkeypatch):
+@pytest.mark.parametrize(
+    "path", ["fused", "fused-values", "mx"], ids=["fused", "fused-values", "mx"]
+)
+def test_compile_across_shapes_turning_dynamic(path, monkeypatch):
     """A third shape makes dynamo recompile with dynamic sizes; torch 2.11 used to fail
     there (overwrite_tensor_vt_proxy) when shapes were branched on inside the layer."""
     monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
-    config = dataclasses.replace(FUSED, save_mx_activations=mx_path)
+    config = {
+        "fused": FUSED,
+        "fused-values": dataclasses.replace(FUSED, save_mx_activations=False),
+        "mx": dataclasses.replace(FUSED, compute_path="mx"),
+    }[path]
     torch._dynamo.reset()
     for m, k, n in [(64, 64, 64), (96, 64, 128), (50, 128, 96)]:
         torch.manual_seed(0)
@@ -98,8 +104,17 @@ def test_bf16_parameters_and_autocast(monkeypatch):
     assert y.dtype == torch.bfloat16 and _rel(y, want[0]) <= 2**-7
 
 
+# The casts of one call, X's and W's in forward, then W's along N (MX-saved) and dY's
+CASTS_PER_CALL = {
+    True: ["fake_quantize_rowwise", "quantize_colwise", "fake_quantize_rowwise",
+           "fake_quantize_colwise", "fake_quantize_both"],
+    False: ["fake_quantize_both"] * 3,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("save_mx", [True, False], ids=["mx-saved", "values-saved"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_planned_casts_equal_the_general_path(dtype, monkeypatch):
+def test_planned_casts_equal_the_general_path(dtype, save_mx, monkeypatch):
     """The plain case runs its casts' plans directly (mx_nn.casts.fused); the general
     path, through the public functions, gives the same bits, forward and backward,
     including a second call that finds the plans made."""
@@ -107,7 +122,7 @@ def test_planned_casts_equal_the_general_path(dtype, monkeypatch):
     from mx_kernels.testing import counting_casts
 
     monkeypatch.delenv("MX_KERNELS_MM_DESIGN", raising=False)
-    fused, _ = _modules(FUSED, k=64, n=64)
+    fused, _ = _modules(dataclasses.replace(FUSED, save_mx_activations=save_mx), k=64, n=64)
     fused = fused.to(dtype)
     x, grad = torch.randn(32, 64, dtype=dtype), torch.randn(32, 64, dtype=dtype)
     planned = []
@@ -115,7 +130,7 @@ def test_planned_casts_equal_the_general_path(dtype, monkeypatch):
         for _ in range(2):
             planned.append([t.clone() for t in _run(fused, x, grad)])
             fused.zero_grad()
-    assert [op for op, _ in casts] == ["fake_quantize_both"] * 6  # X, W, dY per call
+    assert [op for op, _ in casts] == CASTS_PER_CALL[save_mx] * 2
     assert any(c.config is fused.config for c in mx_nn.casts.fused._CASTS.values())  # planned
     with monkeypatch.context() as m:
         m.setattr("mx_nn.linear_gemms.fused_casts", lambda *args: None)

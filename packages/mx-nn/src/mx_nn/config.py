@@ -99,11 +99,14 @@ class MXLinearConfig:
     """Cast backend: auto, triton or reference."""
     hp_weight_grad: bool = False
     """Compute dW = dY^T X in the high-precision dtype instead of MX."""
-    save_mx_activations: bool = False
-    """Keep X's columnwise MX cast (codes and scales, about half of X's bf16 bytes) for
-    backward: runs the MX path where "auto" would run the fused one (which keeps
-    bf16 values). The MX path keeps that cast in every case where it computes the MX dW
-    GEMM."""
+    save_mx_activations: bool = True
+    """Keep for backward X's columnwise MX cast (codes and scales, about half of X's
+    bf16 bytes) where backward computes the MX dW, on both paths: the fused path
+    decodes it for its bf16 dW GEMM (the same values as its fake-quantized cast, bit
+    for bit) and casts W along N in backward instead of keeping that cast from forward.
+    False keeps the fused path's fake-quantized values in X's dtype instead (one cast
+    launch and one decode fewer per layer, twice the memory). The MX path keeps the MX
+    cast either way."""
     compute_path: ComputePath = ComputePath.AUTO
     """``"auto"``, ``"mx"`` or ``"fake_quant"`` (module doc). ``"fake_quant"`` runs the
     fused path on any device, CPU included (how CPU tests cover it); it takes no fp16
@@ -131,11 +134,6 @@ class MXLinearConfig:
                 "micro-batches of one step in `with mx_nn.keep_weight_casts():` instead",
                 FutureWarning,
                 stacklevel=3,
-            )
-        if self.compute_path == "fake_quant" and self.save_mx_activations:
-            raise ValueError(
-                "compute_path='fake_quant' keeps no MX casts, so save_mx_activations=True "
-                "cannot apply; use compute_path='mx' or 'auto'"
             )
 
     def __repr__(self) -> str:

@@ -39,8 +39,10 @@ Where ``scaled_mm`` would multiply bf16 dequantized operands anyway (its
 ``dequant_bf16`` design, sm90's choice; ``mx_kernels.bf16_gemm_design``), the layer
 fuses each cast with its dequantize (``mx_kernels.fake_quantize_*``) and runs the bf16
 GEMMs on the results: the same values and accumulation, fewer passes over memory. Not
-for fp16 inputs or when the MX casts are saved (``save_mx_activations``). That path casts
-X both ways in forward (one read) and saves the columnwise values instead of X. Under
+for fp16 inputs. That path casts X along K to values and along M to MX codes and
+scales in forward, keeps the codes for backward in place of X (decoded there for dW),
+and casts W along N in backward (``save_mx_activations``, the default; without it X is
+cast both ways to values from one read and those are kept, with W's). Under
 torch.compile the weight's and dY's casts, made once per call, are left to the compiler
 to launch (``inline=True``); X's, shared by the layers that read X, stay ops that the
 compiler merges.

@@ -21,11 +21,13 @@ from mx_nn.casts.fused import fused_casts
 from mx_nn.casts.layer import (
     as_rows,
     cast_weight,
+    colwise_values,
     config_cast,
     fake_quantized_input,
     mx_input,
     pad_rows,
 )
+from mx_nn.casts.scopes import weight_casts_kept
 from mx_nn.config import MXLinearConfig
 from mx_nn.dtensor.local_shards import reduced
 
@@ -122,7 +124,11 @@ class FakeQuantLinearFunction(torch.autograd.Function):
     """The same three GEMMs where ``scaled_mm`` would dequantize to bf16 anyway (sm90):
     each cast writes the dequantized values (``mx_kernels.fake_quantize_*``, one pass),
     then bf16 GEMMs take them in either orientation. Same values and accumulation as
-    the MX path through ``scaled_mm``; no transposed copies, no code bytes."""
+    the MX path through ``scaled_mm``; no transposed copies.
+
+    Kept for backward with ``save_mx_activations`` (the default): X's columnwise cast as
+    MX codes and scales, decoded for the dW GEMM, and W itself, cast along N for the dX
+    GEMM in backward; without it, both columnwise casts' values from forward."""
 
     @staticmethod
     def forward(
@@ -133,33 +139,44 @@ class FakeQuantLinearFunction(torch.autograd.Function):
         ctx.casts = casts = fused_casts(x2, weight, c, colwise)
         ctx.gathered_weight = False
         if casts is not None:  # the plain case: its casts' plans, directly
-            xf, xf_col = casts.input(x2)
+            xf, saved_x = casts.input(x2)
             wf_row, wf_col = casts.weight(weight)
         else:
-            xf, xf_col = fake_quantized_input(x2, c, colwise)
+            xf, saved_x = fake_quantized_input(x2, c, colwise)
             ctx.gathered_weight = fsdp_gathered.is_gathered(weight)  # FSDP gathered it in MX
             if ctx.gathered_weight:  # saved: backward's gather brings the colwise cast
                 wf_row, wf_col = fsdp_gathered.rowwise_dequantized(weight, c), weight
-            else:
+            elif c.save_mx_activations and not weight_casts_kept():
+                fn = mx_kernels.fake_quantize_rowwise  # inline: W is cast once
+                wf_row, wf_col = cast_weight(fn, weight, c.weight_fmt, c, inline=True), None
+            else:  # kept casts are held anyway: their columnwise values too
                 fn = mx_kernels.fake_quantize_both  # inline: W is cast once
                 wf_row, wf_col = cast_weight(fn, weight, c.weight_fmt, c, inline=True)
         y = _bf16_gemm(xf, wf_row.t(), x.dtype)
-        # Saved: X cast along M where backward computes the MX dW, else X itself.
-        ctx.save_for_backward(wf_col, x2 if xf_col is None else xf_col)
+        # Saved: W's columnwise values (or W, cast in backward), and X's columnwise cast
+        # where backward computes the MX dW, else X itself.
+        ctx.recast_weight = wf_col is None
+        ctx.save_for_backward(weight if wf_col is None else wf_col, *(saved_x or (x2,)))
         ctx.config, ctx.x_dtype, ctx.w_dtype = c, x.dtype, weight.dtype
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         c: MXLinearConfig = ctx.config
-        wf_col, saved_x = ctx.saved_tensors
+        wf_col, *saved_x = ctx.saved_tensors
         if ctx.gathered_weight:
             wf_col = fsdp_gathered.colwise_dequantized(wf_col, c)
+        elif ctx.recast_weight and ctx.needs_input_grad[0]:
+            if ctx.casts is not None:
+                wf_col = ctx.casts.weight_colwise(wf_col)
+            else:
+                fn = mx_kernels.fake_quantize_colwise  # inline: W is cast once here
+                wf_col = config_cast(fn, wf_col, c.weight_fmt, c, inline=True)
         dy = as_rows(reduced(grad_output))
         grad_x = grad_w = None
         if c.hp_weight_grad:
             if ctx.needs_input_grad[1]:
-                grad_w = (dy.t() @ saved_x.to(dy.dtype)).to(ctx.w_dtype)
+                grad_w = (dy.t() @ saved_x[0].to(dy.dtype)).to(ctx.w_dtype)
             fn = mx_kernels.fake_quantize_rowwise  # inline: dY is cast once
             dyf = config_cast(fn, dy, c.grad_output_fmt, c, inline=True)
         else:
@@ -173,7 +190,8 @@ class FakeQuantLinearFunction(torch.autograd.Function):
                 if dy_pad is not dy:
                     dyf = dyf[: dy.shape[0]]
             if ctx.needs_input_grad[1]:  # saved_x: X cast along M in forward
-                grad_w = _bf16_gemm(dyf_col.t(), saved_x, ctx.w_dtype)
+                x_col = colwise_values(tuple(saved_x), c, ctx.x_dtype)
+                grad_w = _bf16_gemm(dyf_col.t(), x_col, ctx.w_dtype)
         if ctx.needs_input_grad[0]:
             grad_x = _bf16_gemm(dyf, wf_col, ctx.x_dtype)
             if grad_output.dim() != 2:

@@ -170,7 +170,7 @@ def clear_decisions() -> None:
 
 
 _CONFIG_FIELDS = ("input_fmt", "weight_fmt", "grad_output_fmt", "block_size", "gemm_backend",
-                  "hp_weight_grad", "save_mx_activations", "compute_path")  # fmt: skip
+                  "hp_weight_grad", "compute_path")  # fmt: skip
 _PATHS: dict[tuple, tuple[MXLinearConfig, bool, bool, tuple[str, str, str]]] = {}
 
 
@@ -199,7 +199,7 @@ def _decide(
     if c.compute_path != ComputePath.AUTO:
         fused = c.compute_path == ComputePath.FAKE_QUANT
         why = f" (compute_path={c.compute_path!r})"
-    elif c.save_mx_activations or c.block_size != GEMM_BLOCK or dtype == torch.float16:
+    elif c.block_size != GEMM_BLOCK or dtype == torch.float16:
         fused, why = False, ""
     else:
         pairs = _gemm_formats(c).values()

@@ -34,34 +34,62 @@ from mx_nn.config import MXLinearConfig
 __all__ = ["FusedCasts", "fused_casts"]
 
 _OP = "fake_quantize_both"
+_ROW = "fake_quantize_rowwise"
 _SITE = "fused casts: X"  # X's casts, shared by the layers reading X
+_SITE_ROW, _SITE_COL = "fused casts: X rowwise", "fused casts: X colwise MX"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 MAX_SIGNATURES = 4096  # kept before starting afresh
 
 
 class FusedCasts:
     """One call signature's plans: X [M, K] and W [N, K] each cast along both dims;
-    dY [M, N] planned on its first backward (its layout is known only then)."""
+    dY [M, N] planned on its first backward (its layout is known only then). With
+    ``save_mx_activations`` X's columnwise cast is MX codes and scales and W's is made
+    in backward (:func:`mx_nn.casts.layer.fake_quantized_input`)."""
 
-    __slots__ = ("config", "args", "x_plan", "w_plan", "dy_key", "dy_plan")
+    __slots__ = ("config", "args", "x_plans", "w_plans", "dy_key", "dy_plan")
 
     def __init__(self, c: MXLinearConfig, x2: torch.Tensor, weight: torch.Tensor) -> None:
         self.config = c  # kept: the cache is keyed by its id
         bs, mode, backend = c.block_size, c.scale_mode_name, c.cast_backend
         self.args = (get_format(c.grad_output_fmt).name, bs, mode, backend)
-        self.x_plan = plan_for(_OP, False, x2, get_format(c.input_fmt).name, bs, mode, backend)
-        self.w_plan = plan_for(_OP, False, weight, get_format(c.weight_fmt).name, bs, mode, backend)
+        x_fmt, w_fmt = get_format(c.input_fmt).name, get_format(c.weight_fmt).name
+        if c.save_mx_activations:
+            self.x_plans = (
+                plan_for(_ROW, False, x2, x_fmt, bs, mode, backend),
+                plan_for("quantize_colwise", True, x2, x_fmt, bs, mode, backend),
+            )
+            self.w_plans = (
+                plan_for(_ROW, False, weight, w_fmt, bs, mode, backend),
+                plan_for("fake_quantize_colwise", False, weight, w_fmt, bs, mode, backend),
+            )
+        else:
+            self.x_plans = (plan_for(_OP, False, x2, x_fmt, bs, mode, backend),)
+            self.w_plans = (plan_for(_OP, False, weight, w_fmt, bs, mode, backend),)
         self.dy_key: tuple | None = None
         self.dy_plan: CastPlan | None = None
 
-    def input(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """X's (rowwise, columnwise) fake-quantized values, made once for the layers
-        that read the same X within one call of their parent (:mod:`mx_nn.casts.scopes`)."""
-        return cast_shared_plan(_SITE, self.x_plan, x2)
+    def input(self, x2: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """X's rowwise fake-quantized values and its columnwise cast as backward keeps it
+        (``fake_quantized_input``'s results), made once for the layers that read the
+        same X within one call of their parent (:mod:`mx_nn.casts.scopes`)."""
+        if len(self.x_plans) == 1:
+            row, col = cast_shared_plan(_SITE, self.x_plans[0], x2)
+            return row, (col,)
+        row_plan, col_plan = self.x_plans
+        row = cast_shared_plan(_SITE_ROW, row_plan, x2)
+        return row, tuple(cast_shared_plan(_SITE_COL, col_plan, x2))
 
-    def weight(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """W's (rowwise, columnwise) fake-quantized values."""
-        return self.w_plan(weight)
+    def weight(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """W's rowwise fake-quantized values, and its columnwise ones where made now
+        (None: :meth:`weight_colwise` makes them in backward)."""
+        if len(self.w_plans) == 1:
+            return self.w_plans[0](weight)
+        return self.w_plans[0](weight), None
+
+    def weight_colwise(self, weight: torch.Tensor) -> torch.Tensor:
+        """W's columnwise fake-quantized values, made in backward."""
+        return self.w_plans[-1](weight)
 
     def grad_output(self, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """dY's (rowwise, columnwise) fake-quantized values, or None where the plan does

@@ -18,8 +18,8 @@ from mx_nn.casts.scopes import cast_shared, cast_weight_kept, peek_cast
 from mx_nn.config import MXLinearConfig
 
 __all__ = [
-    "as_rows", "cast_input", "cast_weight", "config_cast", "fake_quantized_input", "mx_input",
-    "pad_rows",
+    "as_rows", "cast_input", "cast_weight", "colwise_values", "config_cast",
+    "fake_quantized_input", "mx_input", "pad_rows",
 ]  # fmt: skip
 
 
@@ -171,15 +171,18 @@ def mx_input(
 
 def fake_quantized_input(
     x2: torch.Tensor, c: MXLinearConfig, colwise: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """X [M, K] fake-quantized along K, and along M where ``colwise`` (the MX dW GEMM
-    will run): both from one read of X (``fake_quantize_both``, shared by the layers
-    reading X) or, where an MX gather handed the rowwise cast over, the columnwise one
-    alone (``fake_quantize_colwise``, shared too); the columnwise one is saved for
-    backward in place of X. That is one read of X and one launch fewer per step than
-    casting along M in backward (BENCHMARKS.md, 2026-12-05 'TP layer: where the step
-    goes'), and as much memory as saving X, except where something else keeps X alive
-    too (attention's output, which SDPA saves, as o_proj's input).
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """X [M, K] fake-quantized along K, and what backward keeps for dW where ``colwise``
+    (the MX dW GEMM will run): X's columnwise cast, instead of X.
+
+    With ``c.save_mx_activations`` that cast is kept as MX codes and scales
+    (``quantize_colwise``, about half of X's bf16 bytes), which backward decodes to the
+    same values (:func:`colwise_values`); the rowwise values come from
+    ``fake_quantize_rowwise``. Without it both come from one read of X
+    (``fake_quantize_both``) and the columnwise values are kept in X's dtype: one
+    launch fewer per step (BENCHMARKS.md, 2026-12-05 'TP layer: where the step goes')
+    and as much memory as saving X. Each cast is shared by the layers reading X; where
+    an MX gather handed the rowwise cast over, only the columnwise one is made.
 
     Args:
         x2: X [M, K].
@@ -187,15 +190,44 @@ def fake_quantized_input(
         colwise: whether backward computes the MX dW.
 
     Returns:
-        ``(rowwise [M, K], columnwise [M_pad, K] or None)``, both in X's dtype;
-        ``M_pad`` is M padded to whole blocks.
+        ``(rowwise [M, K] in X's dtype, saved)``: ``saved`` is ``(codes [K, M_pad],
+        scales [K, M_pad // bs])`` (MX), ``(values [M_pad, K],)`` (X's dtype) or ``()``
+        where not ``colwise``; ``M_pad`` is M padded to whole blocks.
     """
     rowwise, fmt = mx_kernels.fake_quantize_rowwise, c.input_fmt
     if not colwise:
-        return cast_input(rowwise, x2, fmt, c), None
+        return cast_input(rowwise, x2, fmt, c), ()
     handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
     x_pad = pad_rows(x2, c.block_size)  # colwise blocks run along M
+    if c.save_mx_activations:
+        row = handed if handed is not None else cast_input(rowwise, x2, fmt, c)
+        return row, tuple(cast_input(mx_kernels.quantize_colwise, x_pad, fmt, c))
     if handed is not None:
-        return handed, cast_input(mx_kernels.fake_quantize_colwise, x_pad, fmt, c)
+        return handed, (cast_input(mx_kernels.fake_quantize_colwise, x_pad, fmt, c),)
     row, col = cast_input(mx_kernels.fake_quantize_both, x_pad, fmt, c)
-    return (row if x_pad is x2 else row[: x2.shape[0]]), col
+    return (row if x_pad is x2 else row[: x2.shape[0]]), (col,)
+
+
+def colwise_values(saved: tuple[torch.Tensor, ...], c: MXLinearConfig, dtype: torch.dtype):
+    """The dW GEMM's right operand from what :func:`fake_quantized_input` kept: X's
+    columnwise fake-quantized values [M_pad, K] (a transposed view where decoded from
+    MX codes: ``fake_quantize_colwise`` is the decode of ``quantize_colwise``, bit for
+    bit).
+
+    Args:
+        saved: ``fake_quantized_input``'s second result (not empty).
+        c: the layer's config.
+        dtype: X's dtype.
+
+    Returns:
+        [M_pad, K] in ``dtype``.
+    """
+    if len(saved) == 1:
+        return saved[0]
+    q_t, s_t = saved
+    kw = cast_kwargs(c)
+    values_t = mx_kernels.dequantize_rowwise(
+        q_t, s_t, c.input_fmt, block_size=kw["block_size"], out_dtype=dtype,
+        backend=kw["backend"],
+    )  # fmt: skip
+    return values_t.t()
