@@ -10,7 +10,7 @@
 # shapes), tp_profile (where the TP=8 step's time goes), dtensor (the sharding rules at
 # tp=1), parallelize (parallelize at tp=1 against convert), train (mx-train, bf16 against
 # mxfp8 on a larger model), gpu_check (every Triton kernel against mx-core's reference,
-# tools/gpu_check.py), fused (the fused producers against copy bandwidth), inline_ab
+# tools/gpu_check.py; gemm_check: its GEMM designs alone, every format pair), fused (the fused producers against copy bandwidth), inline_ab
 # (inline casts against ops at TP=8 and 4), repro (diagnostics/repro_both_fp4.py). Each script's docstring says what it measures and its target.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,6 +33,7 @@ steps=" ${STEPS:-casts gemm linear} "
 [[ $steps == *" gemm "* ]] && step gemm 200 python3 gemm.py --designs "$designs"
 [[ $steps == *" linear "* ]] && step linear 170 python3 linear.py --compile
 [[ $steps == *" gpu_check "* ]] && step gpu_check 300 python3 ../gpu_check.py --quick --budget-s 240
+[[ $steps == *" gemm_check "* ]] && step gemm_check 300 python3 ../gpu_check.py --quick --parts gemms --budget-s 240
 [[ $steps == *" fused "* ]] && step fused 200 python3 fused.py --colwise
 [[ $steps == *" repro "* ]] && step repro 60 python3 diagnostics/repro_both_fp4.py
 [[ $steps == *" host "* ]] && step host 120 python3 host_cost.py --check
