@@ -185,7 +185,6 @@ def equivalence(mesh, cases: list[tuple]) -> tuple[dict, dict]:
                           if n.split(".")[-2] in MX_LINEARS)  # fmt: skip
         r["local numel"], r["hp itemsize"] = local_numel, dtype.itemsize
         r["dp"], r["path"] = _dp_rank(mesh)[1], path
-        r["compute itemsize"] = torch.bfloat16.itemsize if autocast else dtype.itemsize
         fmt = mx_nn.MXLinearConfig.from_recipe(recipe).weight_fmt
         r["mx per elem"] = (0.5 if get_format(fmt).is_packed else 1) + 1 / 32
         out[name] = r
