@@ -26,7 +26,8 @@ SUBPACKAGES = ("mx_nn.plan", "mx_nn.casts", "mx_nn.fsdp", "mx_nn.dtensor")
 # The modules whose public functions and classes are checked.
 CHECKED = (
     "mx_core", "mx_core.args", "mx_core.cast_settings", "mx_core.choices",
-    "mx_core.elements", "mx_core.formats", "mx_core.packing", "mx_core.quantize",
+    "mx_core.elements", "mx_core.formats", "mx_core.oracle", "mx_core.packing",
+    "mx_core.quantize",
     "mx_core.scale", "mx_core.tensor", "mx_core.testing",
     "mx_kernels", "mx_kernels.backend", "mx_kernels.bf16_mm", "mx_kernels.capability",
     "mx_kernels.cast", "mx_kernels.cast_launch", "mx_kernels.cast_plan",
@@ -36,7 +37,8 @@ CHECKED = (
     "mx_kernels.matmul_args", "mx_kernels.matmul_triton", "mx_kernels.norm_cast",
     "mx_kernels.norm_cast_triton", "mx_kernels.settings", "mx_kernels.swiglu_cast",
     "mx_kernels.swiglu_cast_triton", "mx_kernels.swizzle", "mx_kernels.testing",
-    "mx_dtensor", "mx_dtensor.cast_args", "mx_dtensor.gather", "mx_dtensor.shard_checks",
+    "mx_dtensor", "mx_dtensor.cast_args", "mx_dtensor.fused_rules", "mx_dtensor.gather",
+    "mx_dtensor.shard_checks",
     "mx_dtensor.sharding", "mx_dtensor.styles",
     "mx_dtensor.styles.common", "mx_dtensor.styles.linear",
     "mx_dtensor.styles.prepare_input", "mx_dtensor.styles.sequence", "mx_dtensor.testing",
