@@ -1,6 +1,7 @@
 """Code and docs cite benchmark sections that exist, by date and title, quote benchmark
 commands that exist, and never cite work sessions or tracker issue numbers."""
 
+import itertools
 import pathlib
 import re
 import subprocess
@@ -97,3 +98,18 @@ def test_no_work_sessions_or_tracker_issues_cited():
             if LAB_NOTEBOOK.search(line):
                 hits.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not hits, "cite a BENCHMARKS.md section, a test or a commit instead:\n" + "\n".join(hits)
+
+
+def test_benchmarks_open_with_a_short_status_table():
+    # The first table of BENCHMARKS.md is the status a reader wants first: 15 lines at most
+    # (header and rule included), every row naming a target, a commit and a status.
+    lines = (ROOT / BENCHMARKS).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    assert not any(line.startswith("#") for line in lines[1:start]), "status table first"
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
+    assert len(table) <= 15, f"the status table has {len(table)} lines; keep it to 15"
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    assert header[:2] == ["benchmark", "target"] and header[-2:] == ["commit", "status"]
+    for row in table[2:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == len(header) and all(cells), row
