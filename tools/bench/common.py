@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
@@ -195,22 +196,62 @@ def _input_widths(shapes: Sequence[LinearShape]) -> list[int]:
 
 
 class SevenLinears(nn.Module):
-    """q, k, v, o, gate, up and down of one layer, bias-free. ``forward`` takes four
-    inputs, as in the layer: q/k/v read the first, o the second, gate/up the third and
-    down the fourth (so MXLinear casts each shared input once)."""
+    """q, k, v, o, gate, up and down of one layer, bias-free, each a child of this
+    module (so that ``mx_nn.convert`` gives it a cast scope: MXLinear casts each shared
+    input once per call). ``forward`` takes four inputs, as in the layer: q/k/v read the
+    first, o the second, gate/up the third and down the fourth."""
 
     def __init__(self, shapes: Sequence[LinearShape], device: str, dtype=torch.bfloat16):
         super().__init__()
         _input_widths(shapes)  # checks the names
-        self.layers = nn.ModuleList(
-            nn.Linear(s.in_features, s.out_features, bias=False, device=device, dtype=dtype)
-            for s in shapes
-        )
+        for s in shapes:
+            linear = nn.Linear(s.in_features, s.out_features, bias=False, dtype=dtype)
+            self.add_module(s.name, linear.to(device))
+
+    def linears(self) -> list[nn.Module]:
+        """The seven layers in :data:`LINEAR_NAMES` order."""
+        return [getattr(self, name) for name in LINEAR_NAMES]
 
     def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         x_attn, x_o, x_mlp, x_down = xs
         inputs = [x_attn, x_attn, x_attn, x_o, x_mlp, x_mlp, x_down]
-        return [layer(x) for layer, x in zip(self.layers, inputs, strict=True)]
+        return [layer(x) for layer, x in zip(self.linears(), inputs, strict=True)]
+
+
+class LayerPath(SevenLinears):
+    """A decoder layer's path through its linears, norms and activation at one rank's
+    widths: ``h = attention_norm(x)``, q/k/v of h; o of the attention's output (an input
+    here: the attention core is left out), ``r = x + o``; ``h2 = ffn_norm(r)``,
+    ``out = r + down(silu(gate(h2)) * up(h2))``. The norms are ``nn.RMSNorm`` (eps 1e-5)
+    over the whole width: tensor parallelism without sequence parallelism, every rank
+    normalising all tokens. ``forward`` takes ``[x, attention output]`` and returns
+    ``[q, k, v, out]``."""
+
+    def __init__(self, shapes: Sequence[LinearShape], device: str, dtype=torch.bfloat16):
+        super().__init__(shapes, device, dtype)
+        dim = shapes[0].in_features
+        self.attention_norm = nn.RMSNorm(dim, eps=1e-5, device=device, dtype=dtype)
+        self.ffn_norm = nn.RMSNorm(dim, eps=1e-5, device=device, dtype=dtype)
+
+    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        x, attention = xs
+        h = self.attention_norm(x)
+        r = x + self.o(attention)
+        h2 = self.ffn_norm(r)
+        out = r + self.down(F.silu(self.gate(h2)) * self.up(h2))
+        return [self.q(h), self.k(h), self.v(h), out]
+
+
+def layer_path_inputs(shapes: Sequence[LinearShape], tokens: int, device: str):
+    """The two inputs of :class:`LayerPath` of ``shapes`` ([tokens, dim] and [tokens,
+    o's input width], bf16, requiring grad) and the grads of its four outputs."""
+    bf16 = torch.bfloat16
+    q, k, v, o = shapes[0], shapes[1], shapes[2], shapes[3]
+    xs = [torch.randn(tokens, w, device=device, dtype=bf16).requires_grad_()
+          for w in (q.in_features, o.in_features)]  # fmt: skip
+    widths = (q.out_features, k.out_features, v.out_features, o.out_features)
+    grads = [torch.randn(tokens, w, device=device, dtype=bf16) for w in widths]
+    return xs, grads
 
 
 def seven_linear_inputs(shapes: Sequence[LinearShape], tokens: int, device: str):

@@ -7,7 +7,8 @@
 #   STEPS="casts profile linear" bash tools/bench/run_all.sh  # a subset; profile = ncu
 # Steps: casts gemm linear (the default), profile (ncu over diagnostics/profile_casts.py),
 # host (per-op host time), tp (the seven linears of a Llama-3-8B layer at TP per-rank
-# shapes), tp_profile (where the TP=8 step's time goes), dtensor (the sharding rules at
+# shapes), tp_path (the same with the layer's norms and SwiGLU), tp_profile (where the
+# TP=8 step's time goes), dtensor (the sharding rules at
 # tp=1), parallelize (parallelize at tp=1 against convert), train (mx-train, bf16 against
 # mxfp8 on a larger model), gpu_check (every Triton kernel against mx-core's reference,
 # tools/gpu_check.py; gemm_check: its GEMM designs alone, every format pair), fused (the fused producers against copy bandwidth), inline_ab
@@ -38,6 +39,7 @@ steps=" ${STEPS:-casts gemm linear} "
 [[ $steps == *" repro "* ]] && step repro 60 python3 diagnostics/repro_both_fp4.py
 [[ $steps == *" host "* ]] && step host 120 python3 host_cost.py --check
 [[ $steps == *" tp "* ]] && step tp 240 python3 tp_layer.py --cudagraphs
+[[ $steps == *" tp_path "* ]] && step tp_path 240 python3 tp_layer.py --layer --cudagraphs
 [[ $steps == *" tp_profile "* ]] && step tp_profile 200 python3 tp_layer.py --profile --tp 8
 [[ $steps == *" inline_ab "* ]] && step inline_ab 200 python3 tp_layer.py --inline-ab --tp 8,4
 [[ $steps == *" dtensor "* ]] && step dtensor 150 python3 dtensor_overhead.py --compile
