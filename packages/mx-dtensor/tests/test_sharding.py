@@ -63,7 +63,8 @@ def _case_tensors(op: str, fmt: str):
 # (op, fmt, placements of each input per mesh dim). dequantize and scaled_mm give the
 # scale the placement of its data.
 ROWWISE = ["quantize_rowwise", "fake_quantize_rowwise"]
-TWO_D = ["quantize_colwise", "fake_quantize_colwise", "quantize_both", "fake_quantize_both"]
+TWO_D = ["quantize_colwise", "fake_quantize_colwise", "quantize_both", "fake_quantize_both",
+         "fake_quantize_rowwise_quantize_colwise"]  # fmt: skip
 
 
 def _ok_cases(mesh_ndim: int):
@@ -297,6 +298,7 @@ def _run_strided(mesh):
         ("quantize_rowwise", rows, rows_full.reshape(-1, 128)),
         ("quantize_colwise", rows, rows_full.reshape(-1, 128)),
         ("fake_quantize_both", cols, cols_full.reshape(64, -1)),
+        ("fake_quantize_rowwise_quantize_colwise", cols, cols_full.reshape(64, -1)),
         ("quantize_both", cols, cols_full.reshape(64, -1)),
     ):
         with CommDebugMode() as comm:
@@ -360,7 +362,7 @@ def test_unsupported_placements_raise_before_communicating(results):
 def test_strided_shards(results):
     _, per_rank = results
     for res in per_rank:
-        assert torch.__version__ < (2, 13) or len(res["strided"]) == 6
+        assert torch.__version__ < (2, 13) or len(res["strided"]) == 7
         for op, ok, detail in res["strided"]:
             assert ok, f"{op}: {detail}"
 

@@ -110,3 +110,74 @@ def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend="inductor")
     torch.testing.assert_close(compiled(x), f(x), rtol=0, atol=0)
+
+
+def _same_codes(got, want) -> None:
+    """Codes or scales bit-equal, with the same shape and strides."""
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_rowwise_values_with_columnwise_codes(fmt, dtype, backend):
+    """fake_quantize_rowwise_quantize_colwise is fake_quantize_rowwise and
+    quantize_colwise, bit for bit, from one kernel; NaN and Inf blocks included."""
+    x = _data((96, 160), dtype)
+    x[3, 5], x[40, 70] = float("nan"), float("inf")
+    if fmt.startswith("fp6") and backend == "triton":
+        backend = "auto"  # fp6 has no Triton cast: auto takes the reference (logged)
+    row, q_t, s_t = mx_kernels.fake_quantize_rowwise_quantize_colwise(x, fmt, backend=backend)
+    _same(row, _want(x, fmt, -1))
+    want_q, want_s = mx_kernels.quantize_colwise(x, fmt, backend="reference")
+    _same_codes(q_t, want_q)
+    _same_codes(s_t, want_s)
+
+
+@pytest.mark.parametrize(
+    "tile", [(128, 64, 4, 0, 1, True, 96, 8, True), (64, 32, 2, 0, 1, False, 0, 16), None]
+)
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp4_e2m1"])
+def test_rowwise_values_with_columnwise_codes_tiles(fmt, tile):
+    """Every tile of that kind (rows held permuted, word stores of x^T's codes, the GPU
+    default) writes the same values and codes, ragged M and K masked."""
+    x = _data((96, 160), torch.bfloat16, seed=4)
+    x[3, 5] = float("nan")
+    f = mx_core.get_format(fmt)
+    if tile is None:
+        tile = tuple(cast_launch.TILE_CONFIGS["fake_rowwise_codes_colwise"])
+    row = torch.empty_like(x)
+    q_t, s_buf = cast_launch.empty_cast_t(x.shape, f, 32, "cpu")
+    cast_launch.launch_cast(x, f, 32, "rceil", row, None, q_t, s_buf, tile=tile,
+                            dequantized="rowwise")  # fmt: skip
+    _same(row, _want(x, fmt, -1))
+    want_q, want_s = mx_kernels.quantize_colwise(x, fmt, backend="reference")
+    _same_codes(q_t, want_q)
+    _same_codes(s_buf.t(), want_s)
+
+
+def test_launch_refuses_an_unknown_dequantized():
+    x = torch.zeros(32, 32)
+    with pytest.raises(ValueError, match="dequantized='colwise'; allowed False, True, 'rowwise'"):
+        cast_launch.launch_cast(x, mx_core.get_format("fp8_e4m3"), 32, "rceil", x, None, None,
+                                None, dequantized="colwise")  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_opcheck_rowwise_values_with_columnwise_codes(backend):
+    x = _data((64, 64), torch.bfloat16)
+    fn = torch.ops.mx.fake_quantize_rowwise_quantize_colwise.default
+    torch.library.opcheck(fn, (x, "fp8_e4m3", 32, "rceil", backend))
+
+
+def test_rowwise_values_with_columnwise_codes_compiles():
+    def f(x):
+        row, q_t, s_t = mx_kernels.fake_quantize_rowwise_quantize_colwise(x, backend="triton")
+        col = mx_kernels.dequantize_rowwise(q_t, s_t, out_dtype=x.dtype, backend="triton")
+        return row @ col
+
+    x = _data((64, 96), torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="inductor")
+    torch.testing.assert_close(compiled(x), f(x), rtol=0, atol=0)

@@ -78,11 +78,11 @@ def _worker(rank: int, world: int) -> dict:
 
 def test_linears_take_the_gathered_cast():
     for r in spawn(_worker, 2):
-        # Either path casts x both ways in forward (the fused path along K to values
-        # and along M to MX codes, kept for backward), unless a gather handed it the
-        # rowwise cast (then x is cast along M alone, still in forward).
+        # Either path casts x both ways in forward in one read (the fused path along K
+        # to values and along M to MX codes, kept for backward), unless a gather handed
+        # it the rowwise cast (then x is cast along M alone, still in forward).
         md = (BATCH * SEQ, DIM)
-        fused = ["fake_quantize_rowwise", "quantize_colwise"]
+        fused = ["fake_quantize_rowwise_quantize_colwise"]
         x_casts = {"mx": ["quantize_both"], "fake_quant": fused}
         for path, names in x_casts.items():
             bf16, mx, other = (r[path, n] for n in ("bf16", "mx", "mx, another cast"))

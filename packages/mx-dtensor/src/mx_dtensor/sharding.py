@@ -16,6 +16,9 @@ op                         input on a mesh dim     outputs on that mesh dim
                                                    s_col [M/bs, K]): R / (S(0), S(1), S(1),
                                                    S(0)) / (S(1), S(0), S(0), S(1))
 ``fake_quantize_both``     R / S(0) / S(1)         (row, col): R / S(0) / S(1)
+``fake_quantize_rowwise_`` R / S(0) / S(1)         (row, qdata_t [K, M], scale [M/bs, K]):
+``quantize_colwise``                               R / (S(0), S(1), S(0)) / (S(1), S(0),
+                                                   S(1))
 ``dequantize_rowwise``     qdata and scale alike:  R / Shard(d)
                            R / Shard(d)
 ``scaled_mm`` (a @ b^T)    (R, R)                  R
@@ -88,6 +91,7 @@ MX_OPS: tuple[str, ...] = (
     "fake_quantize_rowwise",
     "fake_quantize_colwise",
     "fake_quantize_both",
+    "fake_quantize_rowwise_quantize_colwise",
     "dequantize_rowwise",
     "scaled_mm",
     "rms_norm_quantize",
@@ -138,6 +142,7 @@ _CAST_RULES = {
     "fake_quantize_colwise": _cast_rule((0,), (_SAME,)),
     "quantize_both": _cast_rule((0, 1), (_SAME, _T, _T, _SAME)),
     "fake_quantize_both": _cast_rule((0, 1), (_SAME, _SAME)),
+    "fake_quantize_rowwise_quantize_colwise": _cast_rule((0, 1), (_SAME, _T, _SAME)),
 }
 
 

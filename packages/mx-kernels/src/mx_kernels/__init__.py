@@ -24,7 +24,12 @@ read, no triton import (the kernel modules are imported on first use).
 from mx_kernels.backend import BACKENDS
 from mx_kernels.cast import quantize_both, quantize_colwise, quantize_rowwise
 from mx_kernels.dequant import dequantize_rowwise
-from mx_kernels.fake_quant import fake_quantize_both, fake_quantize_colwise, fake_quantize_rowwise
+from mx_kernels.fake_quant import (
+    fake_quantize_both,
+    fake_quantize_colwise,
+    fake_quantize_rowwise,
+    fake_quantize_rowwise_quantize_colwise,
+)
 from mx_kernels.matmul import bf16_gemm, bf16_gemm_design, scaled_mm, scaled_mm_backend
 from mx_kernels.norm_cast import rms_norm_backward, rms_norm_quantize, rms_norm_reference
 from mx_kernels.swiglu_cast import swiglu_backward, swiglu_quantize, swiglu_reference
@@ -40,6 +45,7 @@ __all__ = [
     "fake_quantize_both",
     "fake_quantize_colwise",
     "fake_quantize_rowwise",
+    "fake_quantize_rowwise_quantize_colwise",
     "quantize_both",
     "quantize_colwise",
     "quantize_rowwise",

@@ -84,6 +84,10 @@ TILE_CONFIGS: dict[str, CastTile] = {
     "fake_rowwise": CastTile(4, 2048, 8, k_first=True),
     "fake_colwise": CastTile(32, 128, 1, k_first=True),  # writes [M, K], not x^T
     "fake_both": CastTile(32, 128, 2, k_first=True),
+    # The rowwise values and the columnwise codes: "both"'s tile, not yet swept.
+    "fake_rowwise_codes_colwise": CastTile(
+        128, 64, 4, k_first=True, max_regs=96, lanes_m=8, words=True
+    ),
 }
 _INTERPRETER_TILE = CastTile(32, 64, 4)  # small: the interpreter's cost grows with tile size
 
@@ -94,7 +98,8 @@ def _tile(kind: str, block_size: int, tile: tuple[int, ...] | None, interpreter:
     t = t._replace(block_m=block_m, block_k=max(t.block_k, block_size))
     if t.lanes_m and (block_size % t.lanes_m or t.block_m != t.warps * block_size):
         t = t._replace(lanes_m=0)  # the row permutation is only defined for this shape
-    if t.words and (t.lanes_m * 4 != block_size or kind not in ("colwise", "both")):
+    codes_t = ("colwise", "both", "fake_rowwise_codes_colwise")  # kinds storing x^T's codes
+    if t.words and (t.lanes_m * 4 != block_size or kind not in codes_t):
         t = t._replace(words=False)
     return t
 
@@ -116,7 +121,8 @@ def launch_config(
     of microseconds (BENCHMARKS.md, 2026-12-03 'Host cost per op').
 
     Args:
-        kind: a key of :data:`TILE_CONFIGS` (``"rowwise"``, ..., ``"fake_both"``).
+        kind: a key of :data:`TILE_CONFIGS` (``"rowwise"``, ..., ``"fake_both"``,
+            ``"fake_rowwise_codes_colwise"``: the rowwise values and columnwise codes).
         fmt_name, block_size, scale_mode: the format's canonical name, elements per
             scale, and the scale mode's value.
         tile: the fields of a :class:`CastTile` overriding the kind's, or None.
@@ -139,9 +145,10 @@ def launch_config(
         BLOCK_K=t.block_k,
         **format_constants(fmt, block_size, scale_mode),
         HW_ROUND=hw_round,
-        ROWWISE=kind.endswith(("rowwise", "both")),
+        ROWWISE=kind.endswith(("rowwise", "both")) or kind == _MIXED,
         COLWISE=kind.endswith(("colwise", "both")),
         DEQ=kind.startswith("fake_"),
+        DEQ_COL=kind.startswith("fake_") and kind != _MIXED,
         PERSISTENT=bool(t.programs_per_sm),
         STAGES=t.stages,
         K_FIRST=t.k_first,
@@ -167,13 +174,16 @@ def no_output(device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=device)
 
 
+_MIXED = "fake_rowwise_codes_colwise"
+# (q_row given, q_col given, rowwise dequantized, columnwise dequantized) -> kind
 _KINDS = {
-    (True, False, False): "rowwise",
-    (False, True, False): "colwise",
-    (True, True, False): "both",
-    (True, False, True): "fake_rowwise",
-    (False, True, True): "fake_colwise",
-    (True, True, True): "fake_both",
+    (True, False, False, False): "rowwise",
+    (False, True, False, False): "colwise",
+    (True, True, False, False): "both",
+    (True, False, True, True): "fake_rowwise",
+    (False, True, True, True): "fake_colwise",
+    (True, True, True, True): "fake_both",
+    (True, True, True, False): _MIXED,
 }
 
 
@@ -188,7 +198,7 @@ def launch_cast(
     s_col,
     tile: tuple[int, ...] | None = None,
     hw_round: bool | None = None,
-    dequantized: bool = False,
+    dequantized: bool | str = False,
     blocked: bool = False,
 ) -> None:
     """Run the Triton cast on a 2-D x; None outputs are skipped.
@@ -203,7 +213,8 @@ def launch_cast(
         tile, hw_round, dequantized, blocked: below.
 
     ``dequantized``: q_row and q_col receive the fake-quantized values instead (in their
-    own dtype, both [M, K] row-major), s_row and s_col must be None. ``s_row`` is
+    own dtype, both [M, K] row-major), s_row and s_col must be None; ``"rowwise"``: q_row
+    alone does (s_row None), q_col and s_col get the columnwise codes and scales. ``s_row`` is
     row-major (any rank, [..., K // block_size]) or, 2-D, column-major (strides (1, M)).
     ``blocked`` (block_size 32): s_row and s_col are 1-D buffers of
     :func:`blocked_scale_numel` bytes that receive the scales in cuBLAS's blocked layout,
@@ -221,10 +232,11 @@ def launch_cast(
     )  # fmt: skip
     dummy = no_output(x2d.device)
 
-    def u8(out):
-        return dummy if out is None else out if dequantized else out.view(torch.uint8)
+    def u8(out, values: bool):
+        return dummy if out is None else out if values else out.view(torch.uint8)
 
-    launcher(grid, x2d, u8(q_row), u8(s_row), u8(q_col), u8(s_col), *ints)
+    row, col = bool(dequantized), dequantized is True
+    launcher(grid, x2d, u8(q_row, row), u8(s_row, row), u8(q_col, col), u8(s_col, col), *ints)
 
 
 def launch_args(
@@ -240,7 +252,7 @@ def launch_args(
     s_col,
     tile: tuple[int, ...] | None = None,
     hw_round: bool | None = None,
-    dequantized: bool = False,
+    dequantized: bool | str = False,
     blocked: bool = False,
 ) -> tuple[KernelLauncher, tuple[int, ...], tuple[int, ...]]:
     """:func:`launch_cast`'s launcher, grid and int arguments for an x [M, K].
@@ -256,11 +268,16 @@ def launch_args(
         ``(launcher, grid, ints)``: the :func:`launch_config` launcher, its grid, and the
         kernel's ints ``(M, K, x strides, s_row strides, tiles per program)``.
     Raises:
-        ValueError: s_row (not blocked) neither row-major nor 2-D column-major
+        ValueError: ``dequantized`` not False, True or ``"rowwise"``; s_row (not
+            blocked) neither row-major nor 2-D column-major
             (strides (1, M)).
     """  # fmt: skip
     m, k = shape
-    kind = _KINDS[(q_row is not None, q_col is not None, dequantized)]
+    if dequantized not in (False, True, "rowwise"):
+        allowed = "False, True, 'rowwise'"
+        raise ValueError(f"launch_args: dequantized={dequantized!r}; allowed {allowed}")
+    deq = (bool(dequantized), dequantized is True)
+    kind = _KINDS[(q_row is not None, q_col is not None, *deq)]
     cuda = device.type == "cuda"
     hw_round = cuda if hw_round is None else hw_round
     s_row_t = False  # rowwise scales row-major, or column-major (quantize_both's)

@@ -70,6 +70,7 @@ DIMS: dict[str, tuple[int, ...]] = {
     "fake_quantize_rowwise": (-1,),
     "fake_quantize_colwise": (0,),
     "fake_quantize_both": (-1, 0),
+    "fake_quantize_rowwise_quantize_colwise": (-1, 0),
 }
 # op -> mx-core's reference, (x, fmt, block_size, scale_mode) -> the op's outputs; the
 # op modules (cast, fake_quant) register theirs.
@@ -87,15 +88,18 @@ def clear_plans() -> None:
 
 
 def public_layout(outs):
-    """quantize_colwise's or quantize_both's public outputs from its op's.
+    """quantize_colwise's, quantize_both's or fake_quantize_rowwise_quantize_colwise's
+    public outputs from its op's.
 
     Args:
-        outs: the op's outputs (2 or 4 tensors, each scale a contiguous buffer).
+        outs: the op's outputs (2, 3 or 4 tensors, each scale a contiguous buffer).
     Returns:
         ``outs`` with each scale buffer transposed: a column-major view, no copy.
     """
     if len(outs) == 2:  # quantize_colwise: (qdata_t, scale buffer [M // bs, K])
         return outs[0], outs[1].t()
+    if len(outs) == 3:  # (rowwise values, qdata_t, scale buffer [M // bs, K])
+        return outs[0], outs[1], outs[2].t()
     q_row, s_row_buf, q_col, s_col_buf = outs  # quantize_both
     return q_row, s_row_buf.t(), q_col, s_col_buf.t()
 
@@ -124,6 +128,7 @@ def blocked_layout(op: str, outs):
 _PUBLIC_VIEWS: dict[str, Callable] = {
     "quantize_colwise": public_layout,
     "quantize_both": public_layout,
+    "fake_quantize_rowwise_quantize_colwise": public_layout,
 }
 
 
@@ -313,6 +318,8 @@ def _op_outputs(op: str, shape, f: ElementFormat, block_size: int, dtype, blocke
         return (row,), (0, None, None, None)
     if op == "fake_quantize_colwise":
         return (row,), (None, None, 0, None)
+    if op == "fake_quantize_rowwise_quantize_colwise":
+        return (row, *empty_cast_t(shape, f, block_size, "meta", blocked)), (0, None, 1, 2)
     return (row, torch.empty_like(row)), (0, None, 1, None)
 
 
@@ -374,12 +381,14 @@ def _triton_plan(
     if op == "quantize_both" and not blocked:
         kernel_outs[1] = outs[1].t()  # written through the scale buffer's transpose
     fake = op.startswith("fake_")
+    codes_col = op == "fake_quantize_rowwise_quantize_colwise"  # values rowwise, codes colwise
     launcher, grid, ints = launch_args(
         (m, k), tuple(strides), device, f, block_size, scale_mode, *kernel_outs,
-        dequantized=fake, blocked=blocked,
+        dequantized="rowwise" if codes_col else fake, blocked=blocked,
     )  # fmt: skip
     returned = outs if view is None else view(outs)
-    u8 = None if fake else torch.uint8
+    # the dtype each kernel output is viewed as: uint8 for codes and scales
+    views = [None if fake and (slot < 2 or not codes_col) else torch.uint8 for slot in range(4)]
     plan = CastPlan(tuple(logs))
     plan.prepare = prepare
     plan.specs = tuple((tuple(o.shape), o.stride(), o.dtype) for o in returned)
@@ -389,8 +398,9 @@ def _triton_plan(
     )
     plan.dummy = no_output(device)
     plan.launch = PreparedLaunch(
-        launcher, grid, ints, device.type, (None, *(None if i is None else u8 for i in slot_idx))
-    )
+        launcher, grid, ints, device.type,
+        (None, *(None if i is None else views[slot] for slot, i in enumerate(slot_idx))),
+    )  # fmt: skip
     dummy = len(outs)  # its index in the list of outputs
     plan.slots = operator.itemgetter(*(dummy if i is None else i for i in slot_idx))
     plan.result = operator.itemgetter(*range(len(outs)))

@@ -219,8 +219,9 @@ def mx_cast_kernel(
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
-    DEQ: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr, K_FIRST: tl.constexpr,
-    LANES_M: tl.constexpr, S_ROW_T: tl.constexpr, WORDS_T: tl.constexpr, BLOCKED: tl.constexpr,
+    DEQ: tl.constexpr, DEQ_COL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
+    K_FIRST: tl.constexpr, LANES_M: tl.constexpr, S_ROW_T: tl.constexpr, WORDS_T: tl.constexpr,
+    BLOCKED: tl.constexpr,
 ):  # fmt: skip
     """Rowwise and/or columnwise MX cast of x [M, K], tile by [BLOCK_M, BLOCK_K] tile.
 
@@ -234,8 +235,10 @@ def mx_cast_kernel(
     [ceil128(M), ceil128(K)], whose masked loads make all-zero blocks, and an all-zero
     block's scale is byte 0, the padding's value.
 
-    DEQ (fake quantization) writes the dequantized values instead, rounded to the
-    outputs' dtype, both in x's [M, K] layout (contiguous), and no scales.
+    DEQ (fake quantization) writes the rowwise cast's dequantized values instead, rounded
+    to the output's dtype, in x's [M, K] layout (contiguous), and no scales; DEQ_COL the
+    same of the columnwise cast. DEQ without DEQ_COL: the rowwise values and the
+    columnwise codes and scales, from one read of x.
 
     Grid: one program per tile, in launch order down M first (a 2-D grid) or with
     K_FIRST along K first (a 1-D grid); or PERSISTENT: a 1-D grid whose programs each
@@ -251,7 +254,7 @@ def mx_cast_kernel(
                 x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
                 stride_sm, stride_sk, tile // tiles_k, tile % tiles_k, BLOCK_M, BLOCK_K, BS,
                 FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND,
-                ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T, BLOCKED,
+                ROWWISE, COLWISE, DEQ, DEQ_COL, LANES_M, S_ROW_T, WORDS_T, BLOCKED,
             )  # fmt: skip
     elif K_FIRST:
         tiles_k = tl.cdiv(_grid_extent(K, BLOCKED), BLOCK_K)
@@ -259,14 +262,14 @@ def mx_cast_kernel(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
             stride_sm, stride_sk, tl.program_id(0) // tiles_k, tl.program_id(0) % tiles_k,
             BLOCK_M, BLOCK_K, BS, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK,
-            HW_ROUND, ROWWISE, COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T, BLOCKED,
+            HW_ROUND, ROWWISE, COLWISE, DEQ, DEQ_COL, LANES_M, S_ROW_T, WORDS_T, BLOCKED,
         )  # fmt: skip
     else:
         _cast_tile(
             x_ptr, q_row_ptr, s_row_ptr, q_col_ptr, s_col_ptr, M, K, stride_xm, stride_xk,
             stride_sm, stride_sk, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_K, BS,
             FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, PACK, HW_ROUND, ROWWISE,
-            COLWISE, DEQ, LANES_M, S_ROW_T, WORDS_T, BLOCKED,
+            COLWISE, DEQ, DEQ_COL, LANES_M, S_ROW_T, WORDS_T, BLOCKED,
         )  # fmt: skip
 
 
@@ -278,8 +281,8 @@ def _cast_tile(
     FMT: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_FRAC: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr,
     PACK: tl.constexpr, HW_ROUND: tl.constexpr, ROWWISE: tl.constexpr, COLWISE: tl.constexpr,
-    DEQ: tl.constexpr, LANES_M: tl.constexpr, S_ROW_T: tl.constexpr, WORDS_T: tl.constexpr,
-    BLOCKED: tl.constexpr,
+    DEQ: tl.constexpr, DEQ_COL: tl.constexpr, LANES_M: tl.constexpr, S_ROW_T: tl.constexpr,
+    WORDS_T: tl.constexpr, BLOCKED: tl.constexpr,
 ):  # fmt: skip
     """Tile (pid_m, pid_k) of :func:`mx_cast_kernel`.
 
@@ -345,9 +348,10 @@ def _cast_tile(
         else:
             blocks = tl.reshape(x, (BLOCK_M // BS, BS, BLOCK_K))
         codes, scale = mx_block_cast(
-            blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND, DEQ, TOP
+            blocks, 1, FMT, MODE, EMAX, MBITS, MAX_NORMAL, MAX_FRAC, EMIN, BITS, HW_ROUND,
+            DEQ_COL, TOP,
         )  # fmt: skip
-        if DEQ:
+        if DEQ_COL:
             out_ptrs = q_col_ptr + offs_m[:, None] * K + offs_k[None, :]
             mask_m = (offs_m[:, None] < M) & (offs_k[None, :] < K)
             store_rounded(out_ptrs, tl.reshape(codes, (BLOCK_M, BLOCK_K)), mask_m, HW_ROUND)
@@ -367,7 +371,7 @@ def _cast_tile(
             mask_t = (offs_k[:, None] < K) & (offs_q[None, :] < M // PACK)
             q_ptrs = q_col_ptr + offs_k[:, None] * (M // PACK) + offs_q[None, :]
             tl.store(q_ptrs, codes_t, mask=mask_t)
-        if not DEQ:
+        if not DEQ_COL:
             # The scales of x^T are stored [M // BS, K] (see mx_kernels.cast): whole rows
             # of BLOCK_K bytes, not BLOCK_M // BS bytes in each of BLOCK_K rows.
             offs_s = pid_m * (BLOCK_M // BS) + tl.arange(0, BLOCK_M // BS)

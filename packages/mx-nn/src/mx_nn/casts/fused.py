@@ -35,8 +35,9 @@ __all__ = ["FusedCasts", "fused_casts"]
 
 _OP = "fake_quantize_both"
 _ROW = "fake_quantize_rowwise"
+_X_MX = "fake_quantize_rowwise_quantize_colwise"  # X's casts where backward keeps MX codes
 _SITE = "fused casts: X"  # X's casts, shared by the layers reading X
-_SITE_ROW, _SITE_COL = "fused casts: X rowwise", "fused casts: X colwise MX"
+_SITE_MX = "fused casts: X rowwise, colwise MX"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 MAX_SIGNATURES = 4096  # kept before starting afresh
 
@@ -55,10 +56,8 @@ class FusedCasts:
         self.args = (get_format(c.grad_output_fmt).name, bs, mode, backend)
         x_fmt, w_fmt = get_format(c.input_fmt).name, get_format(c.weight_fmt).name
         if c.save_mx_activations:
-            self.x_plans = (
-                plan_for(_ROW, False, x2, x_fmt, bs, mode, backend),
-                plan_for("quantize_colwise", True, x2, x_fmt, bs, mode, backend),
-            )
+            # one plan, public layout: (row values, qdata_t, scale_t) as quantize_colwise
+            self.x_plans = (plan_for(_X_MX, True, x2, x_fmt, bs, mode, backend),)
             self.w_plans = (
                 plan_for(_ROW, False, weight, w_fmt, bs, mode, backend),
                 plan_for("fake_quantize_colwise", False, weight, w_fmt, bs, mode, backend),
@@ -73,12 +72,11 @@ class FusedCasts:
         """X's rowwise fake-quantized values and its columnwise cast as backward keeps it
         (``fake_quantized_input``'s results), made once for the layers that read the
         same X within one call of their parent (:mod:`mx_nn.casts.scopes`)."""
-        if len(self.x_plans) == 1:
+        if not self.config.save_mx_activations:
             row, col = cast_shared_plan(_SITE, self.x_plans[0], x2)
             return row, (col,)
-        row_plan, col_plan = self.x_plans
-        row = cast_shared_plan(_SITE_ROW, row_plan, x2)
-        return row, tuple(cast_shared_plan(_SITE_COL, col_plan, x2))
+        row, q_t, s_t = cast_shared_plan(_SITE_MX, self.x_plans[0], x2)
+        return row, (q_t, s_t)
 
     def weight(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """W's rowwise fake-quantized values, and its columnwise ones where made now

@@ -176,9 +176,9 @@ def fake_quantized_input(
     (the MX dW GEMM will run): X's columnwise cast, instead of X.
 
     With ``c.save_mx_activations`` that cast is kept as MX codes and scales
-    (``quantize_colwise``, about half of X's bf16 bytes), which backward decodes to the
-    same values (:func:`colwise_values`); the rowwise values come from
-    ``fake_quantize_rowwise``. Without it both come from one read of X
+    (about half of X's bf16 bytes), which backward decodes to the same values
+    (:func:`colwise_values`); the rowwise values come from the same read of X
+    (``fake_quantize_rowwise_quantize_colwise``). Without it both come from one read of X
     (``fake_quantize_both``) and the columnwise values are kept in X's dtype: one
     launch fewer per step (BENCHMARKS.md, 2026-12-05 'TP layer: where the step goes')
     and as much memory as saving X. Each cast is shared by the layers reading X; where
@@ -200,8 +200,11 @@ def fake_quantized_input(
     handed = peek_cast(rowwise.__name__, rowwise, x2, fmt, **cast_kwargs(c))
     x_pad = pad_rows(x2, c.block_size)  # colwise blocks run along M
     if c.save_mx_activations:
-        row = handed if handed is not None else cast_input(rowwise, x2, fmt, c)
-        return row, tuple(cast_input(mx_kernels.quantize_colwise, x_pad, fmt, c))
+        if handed is not None:
+            return handed, tuple(cast_input(mx_kernels.quantize_colwise, x_pad, fmt, c))
+        both = mx_kernels.fake_quantize_rowwise_quantize_colwise  # one read of X
+        row, q_t, s_t = cast_input(both, x_pad, fmt, c)
+        return (row if x_pad is x2 else row[: x2.shape[0]]), (q_t, s_t)
     if handed is not None:
         return handed, (cast_input(mx_kernels.fake_quantize_colwise, x_pad, fmt, c),)
     row, col = cast_input(mx_kernels.fake_quantize_both, x_pad, fmt, c)
