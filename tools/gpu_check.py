@@ -127,6 +127,10 @@ def check_casts(shapes, failures: list[str], modes, dtypes, deadline: float) -> 
                             (deq_t,),
                         ),
                         "fake both": (mx_kernels.fake_quantize_both(xc, fmt, **kw), (deq, deq_t)),
+                        "fake rowwise, codes colwise": (
+                            mx_kernels.fake_quantize_rowwise_quantize_colwise(xc, fmt, **kw),
+                            (deq, qt, st),
+                        ),
                     }
                     for out_dtype in (torch.bfloat16, torch.float32):
                         if fmt not in DEQUANTIZE_FORMATS:

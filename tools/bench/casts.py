@@ -5,7 +5,9 @@ on the GPU (and the fused cast + dequantize, ``fake_quantize_both``, against qua
 dequantize, every format), then reports each cast's effective bandwidth (bytes read +
 bytes written, scales included) divided by that of a plain copy of the same input,
 measured in the same run and the same way: rowwise, colwise, ``both`` (one read, both
-orientations) and the ``fake_`` kinds (fake-quantized values out, MXLinear's sm90 path).
+orientations) and the ``fake_`` kinds (fake-quantized values out, MXLinear's sm90 path;
+``fake_rowwise_codes_colwise``: values along K, MX codes along M, what the sm90 path
+casts its input to when it saves MX activations).
 
 Timing: kernels back to back in a CUDA graph (``do_bench_cudagraph``), the judged figure,
 and ``do_bench`` (one launch from Python per timing, L2 flushed before each) beside it.
@@ -32,6 +34,7 @@ import time
 
 import torch
 from common import (
+    MIXED_KIND,
     CopyBaseline,
     cast_bytes,
     environment,
@@ -67,6 +70,7 @@ SWEEP = {
     "fake_rowwise": [(8, 1024, 4, 0, 1, True), (4, 2048, 8)],
     "fake_colwise": [(32, 128, 1), (32, 128, 2, 0, 1, True)],
     "fake_both": [(32, 128, 2), (32, 64, 1, 0, 1, True)],
+    MIXED_KIND: [(32, 128, 2, 0, 1, True), (128, 64, 4, 0, 1, True, 0, 8, True)],
 }
 
 
@@ -190,7 +194,7 @@ def main(argv=None) -> int:
     compiled_ref = torch.compile(lambda x: mx_core.quantize(x, args.fmt, scale_mode=args.mode))
     for m, k in shapes:
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        for kind in (*TARGETS, "fake_rowwise", "fake_colwise", "fake_both"):
+        for kind in (*TARGETS, "fake_rowwise", "fake_colwise", "fake_both", MIXED_KIND):
             nbytes = cast_bytes(kind, m, k, 2)
             default_out = [
                 t.clone() for t in run_cast(kind, x, args.fmt, args.mode)() if t is not None

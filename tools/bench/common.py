@@ -292,23 +292,36 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def cast_bytes(kind: str, m: int, k: int, in_bytes: int) -> int:
     """Bytes a cast must move: input read once; fp8 data and E8M0 scales written per
-    orientation, or for the "fake_" kinds the fake-quantized values in x's dtype."""
-    one = in_bytes * m * k if kind.startswith("fake_") else m * k + m * k // 32
+    orientation, or for the "fake_" kinds the fake-quantized values in x's dtype
+    (:data:`MIXED_KIND`: values rowwise, codes and scales columnwise)."""
+    codes = m * k + m * k // 32
+    if kind == MIXED_KIND:  # values along K, codes and scales along M
+        return m * k * in_bytes * 2 + codes
+    one = in_bytes * m * k if kind.startswith("fake_") else codes
     return m * k * in_bytes + (2 * one if kind.endswith("both") else one)
+
+
+MIXED_KIND = "fake_rowwise_codes_colwise"
+"""The cast kind of ``mx_kernels.fake_quantize_rowwise_quantize_colwise``."""
 
 
 def run_cast(kind: str, x: torch.Tensor, fmt: str, mode: str, tile=None, hw_round=None):
     """A closure that runs one Triton cast into preallocated outputs and returns them as
     (q_row, s_row, q_col, s_col), None where not computed. Kinds "fake_rowwise",
     "fake_colwise" and "fake_both" write the fake-quantized values ([M, K], x's dtype)
-    as q_row / q_col and no scales. ``tile``: CastTile fields (None: the default)."""
+    as q_row / q_col and no scales; :data:`MIXED_KIND` the rowwise values as q_row and
+    the columnwise codes and scales. ``tile``: CastTile fields (None: the default)."""
     import mx_core
     from mx_kernels.cast_launch import empty_both, empty_cast, empty_cast_t, launch_cast
 
     f = mx_core.get_format(fmt)
     fake = kind.startswith("fake_")
     q_row = s_row = q_col = s_col = None
-    if fake:
+    if kind == MIXED_KIND:
+        q_row = torch.empty_like(x)
+        q_col, s_col = empty_cast_t(x.shape, f, 32, x.device)
+        fake = "rowwise"  # launch_cast's dequantized: the rowwise cast alone
+    elif fake:
         q_row, q_col = (torch.empty_like(x) if kind.endswith(o) or kind.endswith("both")
                         else None for o in ("rowwise", "colwise"))  # fmt: skip
     else:  # fp4 qdata is packed: [M, K // 2]
